@@ -1,0 +1,54 @@
+# revive: make demo (the main job against the lab) and make test (unit tests, lint, Molecule).
+# Both build .venv themselves from requirements.txt with a Python >= 3.12 found by bin/find-python.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+STAMP := $(VENV)/.stamp
+ACT := source $(VENV)/bin/activate &&
+
+.PHONY: help venv fakenvml unit lint molecule test demo bench lab-up lab-down clean
+
+help:
+	@echo "make demo   bring the lab up and run site.yml against it"
+	@echo "make test   unit tests, ansible-lint, Molecule scenarios on the lab"
+	@echo "make bench  long benchmarks (prints numbers)"
+
+$(STAMP): requirements.txt bin/find-python
+	@py=$$(bin/find-python) || exit 1; \
+	  if [ ! -x $(VENV)/bin/python ] || ! $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+	    rm -rf $(VENV) && $$py -m venv $(VENV); fi
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+venv: $(STAMP)
+
+fakenvml:
+	$(MAKE) -C lab/fakenvml
+
+unit: venv fakenvml
+	$(ACT) python -m pytest -q tests/unit
+
+lint: venv
+	$(ACT) ansible-lint
+
+molecule: venv fakenvml
+	$(ACT) molecule test --all
+
+test: unit lint molecule
+
+demo: venv fakenvml
+	$(ACT) bin/lab up
+	$(ACT) ansible-playbook -i inventory/lab site.yml
+
+bench: venv fakenvml
+	$(ACT) python -m pytest -q -s bench
+
+lab-up: venv fakenvml
+	$(ACT) bin/lab up
+
+lab-down: venv
+	$(ACT) bin/lab down
+
+clean:
+	-$(MAKE) -C lab/fakenvml clean
+	rm -rf $(VENV)
