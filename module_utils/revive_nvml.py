@@ -8,10 +8,12 @@ pure functions of revive_topology.py.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import socket
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -432,3 +434,51 @@ def _probe(pynvml: Any, host: str) -> dict:
         "summary": summary,
         "notes": notes,
     }
+
+
+# Readings that move between two probes of an unchanged machine: they do not make a facts file "changed".
+# (Idle PCIe links down-train their generation to save power, so gen_current flaps too.)
+VOLATILE_DEVICE_KEYS = ("temperature_c", "utilization_gpu_pct", "utilization_memory_pct", "notes")
+VOLATILE_MEMORY_KEYS = ("used_bytes", "free_bytes", "reserved_bytes")
+
+
+def stable_view(gpu: dict) -> dict:
+    """The facts without the volatile readings: what decides whether a saved facts file is out of date."""
+    view = json.loads(json.dumps(gpu))
+    for device in view.get("devices", []):
+        for key in VOLATILE_DEVICE_KEYS:
+            device.pop(key, None)
+        for key in VOLATILE_MEMORY_KEYS:
+            (device.get("memory") or {}).pop(key, None)
+        (device.get("pcie") or {}).pop("gen_current", None)
+        for process in device.get("processes") or []:
+            process.pop("used_memory_bytes", None)
+    return view
+
+
+def facts_file_text(gpu: dict) -> str:
+    return json.dumps(gpu, indent=2, sort_keys=True) + "\n"
+
+
+@dataclass
+class FactsFileUpdate:
+    changed: bool
+    before: str  # current file content ("" when absent)
+    after: str   # what the file holds after the update
+
+
+def plan_facts_file(path: str, gpu: dict) -> FactsFileUpdate:
+    """Whether the facts file at `path` needs rewriting: only when the stable facts differ (or it is
+    missing/unreadable). Nothing is written here; the caller writes `after` unless in check mode."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before = handle.read()
+    except FileNotFoundError:
+        return FactsFileUpdate(True, "", facts_file_text(gpu))
+    try:
+        saved = json.loads(before)
+    except ValueError:
+        return FactsFileUpdate(True, before, facts_file_text(gpu))
+    if isinstance(saved, dict) and stable_view(saved) == stable_view(gpu):
+        return FactsFileUpdate(False, before, before)
+    return FactsFileUpdate(True, before, facts_file_text(gpu))
