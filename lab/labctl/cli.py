@@ -1,0 +1,99 @@
+"""bin/lab: bring a local fleet of simulated GPU servers up and down (see lab/labctl/__init__.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import fleet
+from .errors import LabError
+from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, SUPPORT_HOSTS, build_shape, known_profiles, \
+    parse_support_hosts
+
+USAGE = """\
+examples:
+  bin/lab up                                  2 GPU nodes (v100-pcie-8x) + model-store, bench, lb
+  bin/lab up --nodes 3 --gpu-profile node3=v100-pcie-8x-degraded
+  bin/lab status                              hosts, addresses, systemd state, GPU profiles
+  bin/lab ssh node1 systemctl is-system-running   run a command on a lab host (or log in)
+  bin/lab set-profile node2 v100-pcie-8x-degraded
+  bin/lab down                                remove every host, namespace, link, mount and process
+then: ansible-playbook -i inventory/lab site.yml
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bin/lab", description=__doc__, epilog=USAGE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="where this lab keeps its state (default: $REVIVE_LAB_DIR or .lab/ in the repository; "
+                        "only the default lab writes inventory/lab/hosts.yml, others write STATE_DIR/hosts.yml)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="build (first time) and boot the lab, then write the inventory")
+    up.add_argument("--nodes", type=int, default=DEFAULT_NODES, help=f"GPU nodes (default {DEFAULT_NODES})")
+    up.add_argument("--gpu-profile", action="append", default=[], metavar="NAME|HOST=NAME",
+                    help=f"GPU profile for every node (NAME) or one node (HOST=NAME); repeatable; "
+                         f"default {DEFAULT_GPU_PROFILE}; names are lab/profiles/*.json")
+    up.add_argument("--support-hosts", default=",".join(SUPPORT_HOSTS), metavar="LIST",
+                    help=f"which of {', '.join(SUPPORT_HOSTS)} to run (comma-separated) or `none` "
+                         f"(default: all)")
+    up.add_argument("--recreate", action="store_true", help="take down a running lab of another shape first")
+
+    st = sub.add_parser("status", help="show the lab's hosts and their systemd state")
+    st.add_argument("--json", action="store_true", help="machine-readable (used by Molecule's create playbook)")
+
+    ssh = sub.add_parser("ssh", help="ssh to a lab host as root (optionally running a command)")
+    ssh.add_argument("host")
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    sub.add_parser("down", help="stop and remove the lab and everything it made")
+
+    sp = sub.add_parser("set-profile", help="swap a running GPU node's profile (e.g. to a degraded one)")
+    sp.add_argument("host")
+    sp.add_argument("profile")
+
+    sub.add_parser("profiles", help="list the GPU profiles (lab/profiles/*.json)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    paths = fleet.LabPaths(args.state_dir.absolute() if args.state_dir else fleet.default_state_dir())
+    try:
+        if args.command == "up":
+            shape = build_shape(args.nodes, args.gpu_profile, parse_support_hosts(args.support_hosts),
+                                fleet.PROFILES_DIR)
+            lab = fleet.up(paths, shape, recreate=args.recreate)
+            print(fleet.format_status(fleet.status(paths, query_hosts=False)))
+            return 0 if lab else 1
+        if args.command == "status":
+            report = fleet.status(paths)
+            print(fleet.status_json(report) if args.json else fleet.format_status(report))
+            return 0
+        if args.command == "ssh":
+            ssh(paths, args.host, args.cmd)
+        if args.command == "down":
+            fleet.down(paths)
+            return 0
+        if args.command == "set-profile":
+            fleet.set_profile(paths, args.host, args.profile)
+            return 0
+        if args.command == "profiles":
+            print("\n".join(known_profiles(fleet.PROFILES_DIR)))
+            return 0
+    except LabError as exc:
+        print(f"bin/lab {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+def ssh(paths: fleet.LabPaths, host: str, cmd: list[str]) -> None:
+    """Replace this process with `ssh -F <lab ssh_config> HOST [cmd...]`."""
+    names = [h["name"] for h in fleet.status(paths, query_hosts=False)["hosts"]]
+    if host not in names:
+        where = f"lab hosts: {', '.join(names)}" if names else f"no lab is up in {paths.state_dir}"
+        raise LabError(f"unknown host {host!r} ({where})")
+    argv = ["ssh", "-F", str(paths.ssh_config), host, *cmd]
+    os.execvp(argv[0], argv)
