@@ -1,0 +1,365 @@
+"""The vLLM release data (data/vllm-releases.yml): validated loading and the questions the planner asks.
+
+The file is data, not code; this module checks its shape (naming the offending key path) and answers:
+which release is the default for a compute capability, what a version range says about Volta, which
+engine / attention backend / KV sizing a release uses on a GPU, and whether an argv is valid for the
+release's CLI (unknown flag, bad choice, bad type: the same things argparse would exit 2 on).
+
+Loading takes the parsed dict (`load_release_data`), because modules receive it as a parameter
+(AnsiballZ ships no data files; the play passes ``lookup('file', 'data/vllm-releases.yml') | from_yaml``),
+or a path on the controller (`load_release_file`, needs PyYAML).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+SCHEMA_VERSION = 1
+KV_SIZING_FAMILIES = ("v0-mem-get-info", "v0-torch-peak-global", "v0-per-instance", "v1")
+ARG_TYPES = ("str", "nullable_str", "int", "float", "json", "bool", "human_readable_int",
+             "human_readable_int_or_auto")
+VALUELESS_ACTIONS = ("store_true", "store_false", "BooleanOptionalAction")
+STATUSES = ("supported", "experimental", "refused", "refused-on-volta")
+
+
+class ReleaseDataError(Exception):
+    """The release data file is malformed, or asked about a release it does not hold."""
+
+
+def parse_version(text: str) -> Tuple[int, ...]:
+    """'0.10.1.1' -> (0, 10, 1, 1); a '.postN' suffix sorts after the plain release."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)(?:\.post(\d+))?(?:\+[\w.]+)?", str(text).strip())
+    if not match:
+        raise ReleaseDataError(f"version {text!r} is not of the form X.Y.Z[.W][.postN]")
+    numbers = tuple(int(part) for part in match.group(1).split("."))
+    numbers = numbers + (0,) * (4 - len(numbers))
+    return numbers + (int(match.group(2)) if match.group(2) else -1,)
+
+
+def version_matches(version: str, spec: str) -> bool:
+    """True when `version` satisfies every clause of `spec` (">=0.10.2,<0.11.0")."""
+    value = parse_version(version)
+    for clause in spec.split(","):
+        match = re.fullmatch(r"\s*(>=|<=|==|<|>)\s*([\w.+]+)\s*", clause)
+        if not match:
+            raise ReleaseDataError(f"version range clause {clause!r} in {spec!r} is not like '>=0.5.4'")
+        bound = parse_version(match.group(2))
+        op = match.group(1)
+        if not {">=": value >= bound, "<=": value <= bound, "==": value == bound,
+                "<": value < bound, ">": value > bound}[op]:
+            return False
+    return True
+
+
+def parse_cc(text: Any) -> Tuple[int, int]:
+    """'7.0' (or 7.0, or [7, 0]) -> (7, 0)."""
+    if isinstance(text, (list, tuple)) and len(text) == 2:
+        return int(text[0]), int(text[1])
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(text).strip())
+    if not match:
+        raise ReleaseDataError(f"compute capability {text!r} is not of the form MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class CliArgument:
+    flags: Tuple[str, ...]
+    action: str
+    type: Optional[str]
+    default: Any
+    choices: Optional[Tuple[str, ...]]
+    nargs: Optional[str]
+    deprecated: Optional[str]
+
+    @property
+    def takes_value(self) -> bool:
+        return self.action not in VALUELESS_ACTIONS
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    status: str
+    min_compute_capability: Tuple[int, int]
+    engine_by_cc: Dict[str, str]
+    attention_backend_by_cc: Dict[str, str]
+    kv_sizing_by_engine: Dict[str, str]
+    pins: Dict[str, str]
+    driver: Dict[str, Any]
+    defaults: Dict[str, Any]
+    quantization_min_cc: Dict[str, int]
+    entrypoint: Tuple[str, ...]
+    cli_complete: bool
+    arguments: Tuple[CliArgument, ...]
+    metrics: Tuple[str, ...]
+    raw: Dict[str, Any] = field(repr=False)
+
+    def engine_for(self, cc: Tuple[int, int]) -> str:
+        return self.engine_by_cc["below_8" if cc < (8, 0) else "from_8"]
+
+    def attention_backend_for(self, cc: Tuple[int, int]) -> str:
+        return self.attention_backend_by_cc["below_8" if cc < (8, 0) else "from_8"]
+
+    def kv_sizing_for(self, engine: str) -> str:
+        if engine not in self.kv_sizing_by_engine:
+            raise ReleaseDataError(f"release {self.version} has no KV sizing for engine {engine}")
+        return self.kv_sizing_by_engine[engine]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def argument(self, flag: str) -> Optional[CliArgument]:
+        flag = _normalise_flag(flag)
+        for argument in self.arguments:
+            if flag in argument.flags:
+                return argument
+        return None
+
+    def validate_argv(self, argv: Sequence[str]) -> List[str]:
+        """Errors argparse would raise for `argv` (server flags only, no interpreter/entrypoint)."""
+        errors: List[str] = []
+        position = 0
+        tokens = list(argv)
+        while position < len(tokens):
+            token = tokens[position]
+            position += 1
+            if not token.startswith("-"):
+                errors.append(f"stray value {token!r}: every server argument must follow a flag")
+                continue
+            flag, _, inline = token.partition("=")
+            argument = self.argument(flag)
+            if argument is None:
+                if not inline and position < len(tokens) and not tokens[position].startswith("-"):
+                    position += 1  # its value, so it is not reported again as a stray token
+                if self.cli_complete:
+                    errors.append(f"unknown flag {flag} for vLLM {self.version} (argparse: unrecognized "
+                                  "arguments; the server would exit 2 at start)")
+                else:
+                    errors.append(f"flag {flag} is not in the verified argument table of vLLM {self.version}; "
+                                  "verify it against that release before emitting it")
+                continue
+            if not argument.takes_value:
+                if inline:
+                    errors.append(f"{flag} takes no value (got {inline!r})")
+                continue
+            values: List[str] = []
+            if inline:
+                values.append(inline)
+            elif argument.nargs in ("+", "*"):
+                while position < len(tokens) and not tokens[position].startswith("--"):
+                    values.append(tokens[position])
+                    position += 1
+            elif argument.nargs == "?":
+                if position < len(tokens) and not tokens[position].startswith("--"):
+                    values.append(tokens[position])
+                    position += 1
+            elif position < len(tokens):
+                values.append(tokens[position])
+                position += 1
+            if not values and argument.nargs != "?":
+                errors.append(f"{flag} expects a value")
+            for value in values:
+                errors.extend(_check_value(self.version, flag, argument, value))
+        return errors
+
+
+def _normalise_flag(flag: str) -> str:
+    # FlexibleArgumentParser accepts --foo_bar as --foo-bar (ref §2.1)
+    if flag.startswith("--"):
+        return "--" + flag[2:].replace("_", "-")
+    return flag
+
+
+def _check_value(version: str, flag: str, argument: CliArgument, value: str) -> List[str]:
+    kind = argument.type
+    try:
+        if kind == "int":
+            int(value)
+        elif kind == "float":
+            float(value)
+        elif kind == "json":
+            json.loads(value)
+        elif kind in ("human_readable_int", "human_readable_int_or_auto"):
+            if not (re.fullmatch(r"\d+(\.\d+)?[kKmMgG]?", value)
+                    or (kind == "human_readable_int_or_auto" and value in ("auto", "-1"))):
+                raise ValueError(value)
+        elif kind == "bool" and value.lower() not in ("true", "false"):
+            raise ValueError(value)
+    except ValueError:
+        return [f"{flag} {value!r}: not a valid {kind} for vLLM {version} (argparse: invalid {kind} value)"]
+    if argument.choices is not None and value not in argument.choices:
+        return [f"{flag} {value!r}: invalid choice for vLLM {version} (choose from {', '.join(argument.choices)})"]
+    return []
+
+
+@dataclass(frozen=True)
+class ReleaseData:
+    releases: Dict[str, Release]
+    default_release_by_cc: Tuple[Dict[str, Any], ...]
+    volta_support: Tuple[Dict[str, Any], ...]
+
+    def release(self, version: str) -> Release:
+        if version not in self.releases:
+            raise ReleaseDataError(
+                f"vLLM {version} is not in the release data (known: {', '.join(self.versions())}); add an "
+                "entry to data/vllm-releases.yml with its pins, CLI table and sources before planning it")
+        return self.releases[version]
+
+    def versions(self) -> List[str]:
+        return sorted(self.releases, key=parse_version)
+
+    def default_release(self, cc: Tuple[int, int]) -> Tuple[str, str]:
+        for row in self.default_release_by_cc:
+            if cc >= parse_cc(row["min_cc"]):
+                return str(row["release"]), str(row["reason"])
+        raise ReleaseDataError(
+            f"no release in the data serves compute capability {cc[0]}.{cc[1]} (lowest default row: "
+            f"{self.default_release_by_cc[-1]['min_cc']})")
+
+    def volta_status(self, version: str) -> Dict[str, Any]:
+        for row in self.volta_support:
+            if version_matches(version, row["versions"]):
+                return dict(row)
+        return {"versions": "", "status": "refused", "engine": "none", "attention_backend": "none",
+                "reason": f"vLLM {version} is older than every Volta range in the data"}
+
+
+def _require(data: Dict[str, Any], key: str, kind: Any, where: str) -> Any:
+    if key not in data:
+        raise ReleaseDataError(f"{where}: missing key {key!r}")
+    value = data[key]
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ReleaseDataError(f"{where}.{key}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _load_argument(entry: Any, where: str) -> CliArgument:
+    if not isinstance(entry, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping")
+    flags = _require(entry, "flags", list, where)
+    if not flags or not all(isinstance(f, str) and f.startswith("-") for f in flags):
+        raise ReleaseDataError(f"{where}.flags: expected a non-empty list of '-'-prefixed strings")
+    action = _require(entry, "action", str, where)
+    kind = entry.get("type")
+    if action not in VALUELESS_ACTIONS and kind not in ARG_TYPES:
+        raise ReleaseDataError(f"{where}.type: {kind!r} is not one of {', '.join(ARG_TYPES)}")
+    choices = entry.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise ReleaseDataError(f"{where}.choices: expected a list")
+    return CliArgument(
+        flags=tuple(flags), action=action, type=kind, default=entry.get("default"),
+        choices=tuple(str(c) for c in choices) if choices is not None else None,
+        nargs=entry.get("nargs"), deprecated=entry.get("deprecated"))
+
+
+def _load_release(version: str, entry: Any) -> Release:
+    where = f"releases.{version}"
+    if not isinstance(entry, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping")
+    parse_version(version)
+    status = _require(entry, "status", str, where)
+    if status not in STATUSES:
+        raise ReleaseDataError(f"{where}.status: {status!r} is not one of {', '.join(STATUSES)}")
+    min_cc = parse_cc(_require(entry, "min_compute_capability", str, where))
+    by_cc_keys = {"below_8", "from_8"}
+    engine_by_cc = _require(entry, "engine_by_cc", dict, where)
+    backend_by_cc = _require(entry, "attention_backend_by_cc", dict, where)
+    for name, mapping in (("engine_by_cc", engine_by_cc), ("attention_backend_by_cc", backend_by_cc)):
+        if set(mapping) != by_cc_keys:
+            raise ReleaseDataError(f"{where}.{name}: expected exactly the keys below_8 and from_8")
+    kv_sizing = _require(entry, "kv_sizing_by_engine", dict, where)
+    for engine, family in kv_sizing.items():
+        if family not in KV_SIZING_FAMILIES:
+            raise ReleaseDataError(f"{where}.kv_sizing_by_engine.{engine}: {family!r} is not one of "
+                                   f"{', '.join(KV_SIZING_FAMILIES)}")
+    for engine in set(engine_by_cc.values()) - {"none"}:
+        if engine not in kv_sizing:
+            raise ReleaseDataError(f"{where}.kv_sizing_by_engine: no entry for engine {engine} named in engine_by_cc")
+    pins = _require(entry, "pins", dict, where)
+    if pins.get("vllm") != version:
+        raise ReleaseDataError(f"{where}.pins.vllm: {pins.get('vllm')!r} must equal the release key {version!r}")
+    driver = _require(entry, "driver", dict, where)
+    _require(driver, "min_branch", int, f"{where}.driver")
+    defaults = _require(entry, "defaults", dict, where)
+    for key, kind in (("gpu_memory_utilization", (int, float)), ("max_num_seqs", int), ("block_size", int)):
+        _require(defaults, key, kind, f"{where}.defaults")
+    quant = _require(entry, "quantization_min_cc", dict, where)
+    if not all(isinstance(v, int) for v in quant.values()):
+        raise ReleaseDataError(f"{where}.quantization_min_cc: values must be integers like 75 (= CC 7.5)")
+    for key in ("bf16_auto_fallback", "metrics_need_disable_frontend_multiprocessing",
+                "request_logging_default", "cuda_graphs_in_budget", "xformers_logit_softcapping"):
+        _require(entry, key, bool, where)
+    _require(entry, "swap_space_type", str, where)
+    _require(entry, "swap_space_limits", dict, where)
+    _require(entry, "custom_all_reduce", dict, where)
+    _require(entry, "paged_attention_head_sizes", list, where)
+    entrypoint = _require(entry, "entrypoint", list, where)
+    cli = _require(entry, "cli", dict, where)
+    complete = _require(cli, "complete", bool, f"{where}.cli")
+    raw_arguments = _require(cli, "arguments", list, f"{where}.cli")
+    arguments = tuple(_load_argument(arg, f"{where}.cli.arguments[{n}]") for n, arg in enumerate(raw_arguments))
+    seen: Dict[str, int] = {}
+    for n, argument in enumerate(arguments):
+        for flag in argument.flags:
+            if flag in seen:
+                raise ReleaseDataError(f"{where}.cli.arguments[{n}]: flag {flag} already defined at [{seen[flag]}]")
+            seen[flag] = n
+    metrics = _require(entry, "metrics", list, where)
+    return Release(
+        version=version, status=status, min_compute_capability=min_cc, engine_by_cc=dict(engine_by_cc),
+        attention_backend_by_cc=dict(backend_by_cc), kv_sizing_by_engine=dict(kv_sizing),
+        pins={k: str(v) for k, v in pins.items()}, driver=dict(driver), defaults=dict(defaults),
+        quantization_min_cc=dict(quant), entrypoint=tuple(entrypoint), cli_complete=complete,
+        arguments=arguments, metrics=tuple(metrics), raw=entry)
+
+
+def load_release_data(data: Any, source: str = "data/vllm-releases.yml") -> ReleaseData:
+    """Validate the parsed release file; errors name `source` and the key path."""
+    try:
+        if not isinstance(data, dict):
+            raise ReleaseDataError("expected a mapping at the top level")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ReleaseDataError(f"schema_version: expected {SCHEMA_VERSION}, got {data.get('schema_version')!r}")
+        raw_releases = _require(data, "releases", dict, "top level")
+        releases = {str(v): _load_release(str(v), entry) for v, entry in raw_releases.items()}
+        defaults = _require(data, "default_release_by_cc", list, "top level")
+        for n, row in enumerate(defaults):
+            where = f"default_release_by_cc[{n}]"
+            if not isinstance(row, dict):
+                raise ReleaseDataError(f"{where}: expected a mapping")
+            parse_cc(_require(row, "min_cc", str, where))
+            if str(_require(row, "release", str, where)) not in releases:
+                raise ReleaseDataError(f"{where}.release: {row['release']!r} has no entry under releases")
+            _require(row, "reason", str, where)
+        ccs = [parse_cc(row["min_cc"]) for row in defaults]
+        if ccs != sorted(ccs, reverse=True):
+            raise ReleaseDataError("default_release_by_cc: rows must be ordered by min_cc, highest first")
+        volta = _require(data, "volta_support", list, "top level")
+        for n, row in enumerate(volta):
+            where = f"volta_support[{n}]"
+            if not isinstance(row, dict):
+                raise ReleaseDataError(f"{where}: expected a mapping")
+            version_matches("0.0.0", _require(row, "versions", str, where))
+            if _require(row, "status", str, where) not in STATUSES:
+                raise ReleaseDataError(f"{where}.status: {row['status']!r} is not one of {', '.join(STATUSES)}")
+            _require(row, "reason", str, where)
+        return ReleaseData(releases=releases, default_release_by_cc=tuple(defaults), volta_support=tuple(volta))
+    except ReleaseDataError as exc:
+        raise ReleaseDataError(f"{source}: {exc}") from None
+
+
+def load_release_file(path: str) -> ReleaseData:
+    """Read and validate the release file on the controller (PyYAML)."""
+    import yaml  # controller-side only; modules get the parsed dict as a parameter
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise ReleaseDataError(f"{path}: cannot read the release data ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ReleaseDataError(f"{path}: not valid YAML ({exc})") from exc
+    return load_release_data(data, source=path)

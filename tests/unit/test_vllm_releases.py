@@ -1,0 +1,179 @@
+"""data/vllm-releases.yml through its loader: content from the reference, validation, argv checking."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from ansible.module_utils.revive_releases import (
+    ReleaseDataError,
+    load_release_data,
+    load_release_file,
+    parse_version,
+    version_matches,
+)
+
+NOTES_ARGV = [  # the field notes' launch command, flags only
+    "--model", "/data/models/chat-20b-fp16", "--tensor-parallel-size", "8", "--dtype", "float16",
+    "--gpu-memory-utilization", "0.92", "--max-model-len", "4096", "--max-num-seqs", "128",
+    "--max-num-batched-tokens", "8192", "--enforce-eager", "--swap-space", "16",
+    "--disable-log-requests", "--host", "0.0.0.0", "--port", "8000",
+]
+
+
+@pytest.fixture(scope="module")
+def raw(repo):
+    with open(repo / "data" / "vllm-releases.yml") as handle:
+        return yaml.safe_load(handle)
+
+
+@pytest.fixture(scope="module")
+def data(repo):
+    return load_release_file(str(repo / "data" / "vllm-releases.yml"))
+
+
+def test_the_file_holds_the_required_releases(data):
+    assert data.versions() == ["0.5.4", "0.10.1.1", "0.20.0"]
+
+
+def test_054_has_the_full_cli_table_of_the_reference(data):
+    release = data.release("0.5.4")
+    assert release.cli_complete is True
+    assert len(release.arguments) == 99  # ref §2.1: 99 actions plus -h
+    assert release.argument("--block-size").choices == ("8", "16", "32")
+    assert release.argument("-tp").flags == ("--tensor-parallel-size", "-tp")
+    assert release.argument("--swap-space").type == "int"
+    assert release.argument("--dtype").choices == ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def test_field_notes_launch_command_is_valid_for_054(data):
+    assert data.release("0.5.4").validate_argv(NOTES_ARGV) == []
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--enable-log-requests"], "unknown flag --enable-log-requests for vLLM 0.5.4 (argparse: unrecognized "
+                                "arguments; the server would exit 2 at start)"),
+    (["--block-size", "64"], "--block-size '64': invalid choice for vLLM 0.5.4 (choose from 8, 16, 32)"),
+    (["--swap-space", "0.5"], "--swap-space '0.5': not a valid int for vLLM 0.5.4 (argparse: invalid int value)"),
+    (["--dtype=bf16"], "--dtype 'bf16': invalid choice for vLLM 0.5.4 (choose from auto, half, float16, "
+                       "bfloat16, float, float32)"),
+    (["--enforce-eager=true"], "--enforce-eager takes no value (got 'true')"),
+    (["--max-model-len", "32k"], "--max-model-len '32k': not a valid int for vLLM 0.5.4 (argparse: invalid int value)"),
+    (["--port"], "--port expects a value"),
+])
+def test_argv_errors_for_054(data, argv, error):
+    assert data.release("0.5.4").validate_argv(argv) == [error]
+
+
+def test_underscore_flags_and_multi_value_flags_parse(data):
+    argv = ["--tensor_parallel_size", "2", "--served-model-name", "chat", "chat-20b", "--enforce-eager"]
+    assert data.release("0.5.4").validate_argv(argv) == []
+
+
+def test_incomplete_table_refuses_unverified_flags(data):
+    release = data.release("0.10.1.1")
+    assert release.validate_argv(["--max-model-len", "8k", "--no-enforce-eager"]) == []
+    assert release.validate_argv(["--disable-log-stats"]) == [
+        "flag --disable-log-stats is not in the verified argument table of vLLM 0.10.1.1; verify it against "
+        "that release before emitting it"]
+
+
+def test_swap_space_is_gone_in_020(data):
+    assert data.release("0.20.0").argument("--swap-space") is None
+    assert data.release("0.20.0").argument("--disable-frontend-multiprocessing") is None
+
+
+@pytest.mark.parametrize("cc, version", [((7, 0), "0.5.4"), ((7, 5), "0.5.4"), ((8, 0), "0.10.1.1"),
+                                         ((9, 0), "0.10.1.1")])
+def test_default_release_by_compute_capability(data, cc, version):
+    assert data.default_release(cc)[0] == version
+
+
+def test_no_default_below_volta(data):
+    with pytest.raises(ReleaseDataError, match="no release in the data serves compute capability 6.0"):
+        data.default_release((6, 0))
+
+
+@pytest.mark.parametrize("version, status", [("0.5.4", "supported"), ("0.10.1.1", "supported"),
+                                             ("0.10.2", "experimental"), ("0.19.1", "experimental"),
+                                             ("0.20.0", "refused"), ("0.33.0", "refused"), ("0.4.2", "refused")])
+def test_volta_cutoffs_are_data(data, version, status):
+    assert data.volta_status(version)["status"] == status
+
+
+def test_engines_and_backends(data):
+    assert data.release("0.10.1.1").engine_for((7, 0)) == "V0"
+    assert data.release("0.10.1.1").engine_for((8, 0)) == "V1"
+    assert data.release("0.10.1.1").kv_sizing_for("V1") == "v1"
+    assert data.release("0.5.4").attention_backend_for((7, 0)) == "XFORMERS"
+    assert data.release("0.5.4").kv_sizing_for("V0") == "v0-mem-get-info"
+
+
+def test_quantization_minimums_follow_the_reference(data):
+    q = data.release("0.5.4").quantization_min_cc
+    assert (q["gptq"], q["awq"], q["gptq_marlin"], q["fp8"], q["bitsandbytes"]) == (60, 75, 80, 80, 70)
+    assert data.release("0.20.0").quantization_min_cc["gptq_marlin"] == 75
+
+
+def test_054_metrics_include_what_the_notes_watch(data):
+    metrics = data.release("0.5.4").metrics
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"} <= set(metrics)
+    assert "vllm:gpu_cache_usage_perc" not in data.release("0.20.0").metrics
+
+
+def test_versions_order():
+    assert parse_version("0.6.3") < parse_version("0.6.3.post1") < parse_version("0.6.4")
+    assert parse_version("0.10.1.1") > parse_version("0.10.1") and parse_version("0.5.4+sim") == parse_version("0.5.4")
+    assert version_matches("0.10.1.1", ">=0.5.4,<0.10.2") and not version_matches("0.10.2", ">=0.5.4,<0.10.2")
+
+
+# ---------------------------------------------------------------- the loader rejects malformed data
+
+def _broken(raw, edit):
+    data = copy.deepcopy(raw)
+    edit(data)
+    with pytest.raises(ReleaseDataError) as err:
+        load_release_data(data, source="data/vllm-releases.yml")
+    return str(err.value)
+
+
+def test_missing_key_names_the_path(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.5.4"].pop("pins"))
+    assert message == "data/vllm-releases.yml: releases.0.5.4: missing key 'pins'"
+
+
+def test_wrong_type(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.5.4"]["defaults"].update(max_num_seqs="many"))
+    assert message == "data/vllm-releases.yml: releases.0.5.4.defaults.max_num_seqs: expected int, got str"
+
+
+def test_unknown_kv_family(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.5.4"]["kv_sizing_by_engine"].update(V0="guess"))
+    assert "releases.0.5.4.kv_sizing_by_engine.V0: 'guess' is not one of v0-mem-get-info" in message
+
+
+def test_default_row_must_name_a_release(raw):
+    message = _broken(raw, lambda d: d["default_release_by_cc"][0].update(release="0.9.9"))
+    assert message.endswith("default_release_by_cc[0].release: '0.9.9' has no entry under releases")
+
+
+def test_duplicate_flag(raw):
+    def edit(d):
+        d["releases"]["0.5.4"]["cli"]["arguments"].append(
+            {"flags": ["--port"], "action": "store", "type": "int", "default": 1})
+    assert "flag --port already defined at [1]" in _broken(raw, edit)
+
+
+def test_pin_must_match_key(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.5.4"]["pins"].update(vllm="0.5.5"))
+    assert "releases.0.5.4.pins.vllm: '0.5.5' must equal the release key '0.5.4'" in message
+
+
+def test_schema_version(raw):
+    assert "schema_version: expected 1, got 2" in _broken(raw, lambda d: d.update(schema_version=2))
+
+
+def test_unknown_release_lookup(data):
+    with pytest.raises(ReleaseDataError, match=r"vLLM 0.6.3 is not in the release data \(known: 0.5.4, "
+                                               r"0.10.1.1, 0.20.0\)"):
+        data.release("0.6.3")
