@@ -784,6 +784,7 @@ class _OverlappedHasher:
         self.cache = load_hash_cache(root)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers))
         self.futures: Dict[str, Future] = {}
+        self.deferred: set = set()
         self.lock = threading.Lock()
 
     def _hash(self, relpath: str) -> Optional[Tuple[StatKey, str]]:
@@ -796,6 +797,9 @@ class _OverlappedHasher:
             return None
 
     def submit(self, relpath: str) -> None:
+        """Queue a finished file. When pulling, rsync logs a file once it is written; copying locally, the
+        sender logs it and the receiver may still be writing, so an incomplete file waits for the next line."""
+        self.deferred.discard(relpath)
         entry = self.expected.get(relpath)
         if entry is None:
             return
@@ -803,8 +807,9 @@ class _OverlappedHasher:
         try:
             key = stat_key(path)
         except OSError:
-            return
-        if key[0] != entry.size:
+            key = None
+        if key is None or key[0] != entry.size:
+            self.deferred.add(relpath)
             return
         cached = self.cache.get(relpath)
         if cached and cached[0] == key:
@@ -812,7 +817,12 @@ class _OverlappedHasher:
         with self.lock:
             self.futures[relpath] = self.pool.submit(self._hash, relpath)
 
+    def retry_deferred(self) -> None:
+        for relpath in sorted(self.deferred):
+            self.submit(relpath)
+
     def finish(self) -> int:
+        self.retry_deferred()
         self.pool.shutdown(wait=True)
         for relpath, future in self.futures.items():
             result = future.result()
@@ -845,6 +855,7 @@ def run_rsync(source: RsyncSource, staging: str, manifest: Manifest, *, workers:
         line = line.rstrip("\n")
         if line.startswith(_FILE_DONE_PREFIX):
             relpath = line[len(_FILE_DONE_PREFIX):]
+            hasher.retry_deferred()
             if not relpath.endswith("/"):
                 transferred.append(relpath)
                 hasher.submit(relpath)
@@ -1209,7 +1220,6 @@ def safetensors_dtypes(path: str) -> Tuple[str, ...]:
 FP16_MAX = 65504.0
 # Values per chunk: 2 MiB of BF16 in, 4 MiB of float32 and 2 MiB of float16 working memory, whatever the shard size.
 CONVERT_CHUNK_VALUES = 1 << 20
-COPY_CHUNK_BYTES = 8 << 20
 OVERFLOW_POLICIES = ("fail", "clamp", "inf")
 
 
@@ -1286,7 +1296,8 @@ def convert_shard_bf16_to_fp16(source_path: str, output_path: str, *, overflow_p
     raw = np.empty(chunk_values, dtype="<u2")
     widened = np.empty(chunk_values, dtype=np.uint32)
     narrowed = np.empty(chunk_values, dtype="<f2")
-    copy_buffer = bytearray(COPY_CHUNK_BYTES)
+    copy_chunk_bytes = chunk_values * 4  # non-BF16 tensors are copied through a buffer of the same order
+    copy_buffer = bytearray(copy_chunk_bytes)
     writer = _HashingWriter(output_path)
     try:
         writer.write(encode_safetensors_header(header))
@@ -1300,7 +1311,7 @@ def convert_shard_bf16_to_fp16(source_path: str, output_path: str, *, overflow_p
                 if tensor.dtype != "BF16":
                     remaining = tensor.nbytes
                     while remaining:
-                        view = memoryview(copy_buffer)[:min(remaining, COPY_CHUNK_BYTES)]
+                        view = memoryview(copy_buffer)[:min(remaining, copy_chunk_bytes)]
                         count = source.readinto(view)
                         if not count:
                             raise SyncError(f"{source_path}: ends inside tensor {tensor.name!r}; re-sync the shard")
