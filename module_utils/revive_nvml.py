@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,28 +143,58 @@ class _Calls:
             raise
 
 
+class _Said:
+    text = ""
+
+
+@contextmanager
+def stderr_captured() -> Iterator[_Said]:
+    """Collect what the library prints on stderr (the lab fake names a broken profile there) so an init
+    failure can quote it; the text is still passed on to the real stderr afterwards."""
+    said = _Said()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            data = sink.read()
+            if data:
+                os.write(2, data)
+            said.text = data.decode("utf-8", "replace").strip()
+
+
 def _init(pynvml: Any, host: str) -> None:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound as error:
-        raise GpuProbeError(f"NVIDIA driver not installed or libnvidia-ml.so.1 not on the loader path on {host}") from error
-    except pynvml.NVMLError_DriverNotLoaded as error:
-        path = loaded_nvml_path() or "libnvidia-ml.so.1"
+    with stderr_captured() as said:
+        try:
+            pynvml.nvmlInit()
+            return
+        except pynvml.NVMLError as error:
+            failure = error
+    raise _init_error(pynvml, failure, host, said.text.splitlines()[-1] if said.text else "")
+
+
+def _init_error(pynvml: Any, error: Exception, host: str, said: str) -> GpuProbeError:
+    if isinstance(error, pynvml.NVMLError_LibraryNotFound):
+        return GpuProbeError(f"NVIDIA driver not installed or libnvidia-ml.so.1 not on the loader path on {host}")
+    path = loaded_nvml_path() or "libnvidia-ml.so.1"
+    if isinstance(error, pynvml.NVMLError_DriverNotLoaded):
         if "stubs" in path:
-            raise GpuProbeError(
+            return GpuProbeError(
                 f"{path} on {host} is the CUDA toolkit's link-time stub, not the driver's NVML (it answers "
                 "DRIVER_NOT_LOADED): remove the CUDA stubs directory from LD_LIBRARY_PATH / ld.so.conf"
-            ) from error
-        raise GpuProbeError(
+            )
+        return GpuProbeError(
             f"NVML on {host} ({path}) reports DRIVER_NOT_LOADED: the NVIDIA kernel module is not loaded "
             "(check `lsmod | grep nvidia` and dmesg), or the loader found the CUDA toolkit's stub "
             "libnvidia-ml.so before the driver's"
-        ) from error
-    except pynvml.NVMLError as error:
-        raise GpuProbeError(
-            f"NVML initialisation failed on {host}: {error} (library {loaded_nvml_path() or 'libnvidia-ml.so.1'}); "
-            "check `nvidia-smi` on that host"
-        ) from error
+        )
+    detail = f": the library said: {said}" if said else "; check `nvidia-smi` on that host"
+    return GpuProbeError(f"NVML initialisation failed on {host}: {error} (library {path}){detail}")
 
 
 def _fake_profile(pynvml: Any) -> Optional[str]:
