@@ -107,7 +107,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    if NUMPY_ERROR is not None:
+    if NUMPY_ERROR is not None and not module.check_mode:
         module.fail_json(msg=missing_required_lib("numpy") + " (the model_sync role installs it in its tools venv, "
                          "model_sync_tools_venv, from model_sync_tools_wheelhouse)", exception=str(NUMPY_ERROR))
     try:

@@ -1173,7 +1173,7 @@ def promote_task(dest: str, source_content_id: str, *, candidates: Sequence[str]
         after.append(f"{dest}: verified copy of {source_content_id}")
         actions.append(f"promote {chosen or 'the staged copy'} to {dest}")
     gid = group_id(group)
-    if gid is None and not check_mode:
+    if gid is None and chosen is not None and not check_mode:
         raise SyncError(f"group {group} does not exist; model_sync creates it in its transfer phase "
                         f"(model_sync_service_group)")
     target = link_target(dest, current_link)
