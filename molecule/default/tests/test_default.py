@@ -1,0 +1,26 @@
+"""The default scenario's node after site.yml: a booted systemd host, reachable over SSH by key only,
+whose NVML (the lab's fake driver, read by unmodified pynvml) reports exactly its GPU profile."""
+from lab_testinfra import lab_host, lab_hosts, nvml_view, profile_as_nvml_view
+
+testinfra_hosts = lab_hosts("gpu_nodes")
+
+
+def test_systemd_finished_booting_with_no_failed_unit(host):
+    state = host.run("systemctl is-system-running").stdout.strip()
+    assert state == "running", host.run("systemctl --failed --no-pager").stdout
+
+
+def test_sshd_is_running_and_listening_on_port_22(host):
+    assert host.service("ssh").is_running, host.run("journalctl -u ssh --no-pager -n 30").stdout
+    assert host.socket("tcp://0.0.0.0:22").is_listening
+
+
+def test_root_logs_in_with_the_lab_key_only(host):
+    effective = dict(line.split(" ", 1) for line in host.check_output("sshd -T").splitlines())
+    assert effective["permitrootlogin"] == "without-password"
+    assert effective["passwordauthentication"] == "no"
+
+
+def test_pynvml_reports_exactly_the_nodes_gpu_profile(host):
+    profile = lab_host(host.backend.host.name)["gpu_profile"]
+    assert nvml_view(host) == profile_as_nvml_view(profile)

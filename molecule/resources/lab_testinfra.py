@@ -1,0 +1,96 @@
+"""pytest plugin for Molecule's testinfra verifier on lab hosts (loaded through PYTEST_PLUGINS=lab_testinfra).
+
+- testinfra's paramiko backend accepts any host key (paramiko.WarningPolicy). Here every connection is
+  opened from the same ssh_config testinfra was given, but with the lab's known_hosts and RejectPolicy.
+- `lab_status()` / the `lab` fixture: `bin/lab status --json` of the scenario's lab (addresses, profiles).
+- `lab_hosts(group)`: the scenario's hosts in an inventory group, for a test module's `testinfra_hosts`.
+- `nvml_view(host)`: what unmodified pynvml (the controller's pinned nvidia-ml-py) reports on a lab host.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import paramiko
+import pytest
+
+PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+LAB_STATE_DIR = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "lab"
+PROFILES_DIR = PROJECT / "lab/profiles"
+NVML_PROBE = Path(__file__).with_name("nvml_probe.py")
+REMOTE_PROBE_DIR = "/tmp/lab-nvml-probe"
+
+
+@functools.cache
+def lab_status() -> dict:
+    out = subprocess.run([str(PROJECT / "bin/lab"), "--state-dir", str(LAB_STATE_DIR), "status", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def lab_hosts(group: str) -> list[str]:
+    return [h["name"] for h in lab_status()["hosts"] if h["group"] == group]
+
+
+def lab_host(name: str) -> dict:
+    return next(h for h in lab_status()["hosts"] if h["name"] == name)
+
+
+@pytest.fixture(scope="session")
+def lab() -> dict:
+    return lab_status()
+
+
+def connect_verified(name: str, ssh_config: str) -> paramiko.SSHClient:
+    entry = paramiko.SSHConfig.from_path(ssh_config).lookup(name)
+    client = paramiko.SSHClient()
+    client.load_host_keys(entry["userknownhostsfile"])
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(entry["hostname"], username=entry["user"], key_filename=entry["identityfile"][0],
+                   timeout=10, allow_agent=False, look_for_keys=False)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _lab_host_key_checked(request: pytest.FixtureRequest) -> None:
+    if "host" not in request.fixturenames:
+        return
+    backend = request.getfixturevalue("host").backend
+    # ParamikoBackend.client is a cached_property: a client stored first is the one it uses.
+    if backend.NAME == "paramiko" and "client" not in vars(backend):
+        vars(backend)["client"] = connect_verified(backend.host.name, backend.ssh_config)
+
+
+def nvml_view(host) -> dict:
+    """Copy pynvml.py (the pinned nvidia-ml-py) and the probe to the host, run it there, return its JSON."""
+    import pynvml
+
+    sftp = host.backend.client.open_sftp()
+    try:
+        host.run_test(f"mkdir -p {REMOTE_PROBE_DIR}")
+        sftp.put(pynvml.__file__, f"{REMOTE_PROBE_DIR}/pynvml.py")
+        sftp.put(str(NVML_PROBE), f"{REMOTE_PROBE_DIR}/nvml_probe.py")
+    finally:
+        sftp.close()
+    return json.loads(host.check_output(f"python3 {REMOTE_PROBE_DIR}/nvml_probe.py"))
+
+
+def profile_as_nvml_view(name: str) -> dict:
+    """What nvml_view must return on a node given lab/profiles/<name>.json (contracts §A)."""
+    profile = json.loads((PROFILES_DIR / f"{name}.json").read_text())
+    return {
+        "driver_version": profile["driver_version"],
+        "cuda_driver_version": profile["cuda_driver_version"],
+        "nvml_version": profile["nvml_version"],
+        "gpus": [{
+            "name": g["name"], "uuid": g["uuid"], "serial": g["serial"], "pci_bus_id": g["pci_bus_id"],
+            "pci_device_id": int(g["pci_device_id"], 16), "minor_number": g["minor_number"],
+            "memory_total_bytes": g["memory_total_bytes"], "compute_capability": list(g["compute_capability"]),
+            "power_limit_mw": g["power_limit_mw"],
+            "pcie": {k: g["pcie"][k] for k in ("max_gen", "max_width", "cur_gen", "cur_width")},
+        } for g in profile["gpus"]],
+        "topology": profile["topology"]["common_ancestor"],
+    }
