@@ -77,6 +77,7 @@ model:
     tie_word_embeddings: {description: Whether lm_head shares the embedding matrix., type: bool}
     num_experts: {description: Local experts of an MoE model, 0 for dense., type: int}
     num_experts_per_tok: {description: Experts routed per token, 0 for dense., type: int}
+    requires_trust_remote_code: {description: "True when config.json maps its classes to code in the repository (C(auto_map)); vLLM then needs C(--trust-remote-code).", type: bool}
     torch_dtype: {description: The config's torch_dtype., type: str, sample: float16}
     weights_dtype: {description: The dtype of the floating-point weights (safetensors name)., type: str, sample: F16}
     quantization: {description: "null, or {method, bits, group_size, ...} from quantization_config or quantize_config.json.", type: dict, sample: {method: gptq, bits: 4, group_size: 128}}

@@ -396,7 +396,8 @@ def find_shards(directory: str) -> Tuple[Optional[str], List[str]]:
     return None, names
 
 
-def _check_dtypes(tensors: List[Tuple[str, TensorInfo]], quantization: Optional[Dict[str, Any]]) -> Tuple[List[str], Optional[str]]:
+def _check_dtypes(tensors: List[Tuple[str, TensorInfo]],
+                  quantization: Optional[Dict[str, Any]]) -> Tuple[List[str], Optional[str]]:
     """(dtypes found, the weights' float dtype); raises on mixed float dtypes in a plain checkpoint."""
     dtypes = sorted({tensor.dtype for _, tensor in tensors})
     by_dtype: Dict[str, List[str]] = {}
@@ -502,6 +503,7 @@ def inspect_model(path: str) -> Dict[str, Any]:
         "tie_word_embeddings": arch.tie_word_embeddings,
         "num_experts": arch.num_experts,
         "num_experts_per_tok": arch.num_experts_per_tok,
+        "requires_trust_remote_code": isinstance(config.get("auto_map"), dict),
         "torch_dtype": config.get("torch_dtype"),
         "quantization": quantization,
         "generation_config": generation_config,
@@ -576,7 +578,9 @@ def model_from_config(config: Dict[str, Any], name: str = "config.json") -> Dict
         "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
         "attn_logit_softcapping": config.get("attn_logit_softcapping"),
         "tie_word_embeddings": arch.tie_word_embeddings, "num_experts": arch.num_experts,
-        "num_experts_per_tok": arch.num_experts_per_tok, "torch_dtype": config.get("torch_dtype"),
+        "num_experts_per_tok": arch.num_experts_per_tok,
+        "requires_trust_remote_code": isinstance(config.get("auto_map"), dict),
+        "torch_dtype": config.get("torch_dtype"),
         "quantization": quantization, "generation_config": None, "tokenizer_files": [], "index_file": None,
         "architecture_family": family, "warnings": [], "source": "config-only",
         "dtypes": sorted({"I32", "F16"}) if quantization else [weights_dtype], "weights_dtype": weights_dtype,
