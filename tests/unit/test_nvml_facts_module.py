@@ -23,7 +23,7 @@ def fakenvml() -> Path:
 
 def ansible_env(fakenvml: Path, profile: str) -> dict[str, str]:
     return dict(os.environ, LD_LIBRARY_PATH=str(fakenvml), FAKE_NVML_PROFILE=str(REPO / "lab" / "profiles" / profile),
-                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACK_RESULT_FORMAT="yaml")
+                ANSIBLE_CACHE_PLUGIN="memory", FAKE_NVML_UTILIZATION="/nonexistent/utilization.json", ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACK_RESULT_FORMAT="yaml")
 
 
 def run_module(env: dict[str, str], *args: str) -> tuple[str, dict, subprocess.CompletedProcess]:

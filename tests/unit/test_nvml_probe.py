@@ -308,7 +308,8 @@ PROBE = (
 def probed(fakenvml: Path) -> dict[str, dict]:
     results = {}
     for name in NAMES:
-        env = dict(os.environ, LD_LIBRARY_PATH=str(fakenvml), FAKE_NVML_PROFILE=str(PROFILES / f"{name}.json"))
+        env = dict(os.environ, LD_LIBRARY_PATH=str(fakenvml), FAKE_NVML_PROFILE=str(PROFILES / f"{name}.json"),
+                   FAKE_NVML_UTILIZATION="/nonexistent/utilization.json")
         done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0, done.stderr

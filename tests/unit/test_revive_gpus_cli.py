@@ -22,7 +22,8 @@ def fakenvml() -> Path:
 
 def revive_gpus(fakenvml: Path, profile: str | Path, *args: str) -> subprocess.CompletedProcess:
     path = profile if isinstance(profile, Path) else PROFILES / f"{profile}.json"
-    env = dict(os.environ, LD_LIBRARY_PATH=str(fakenvml), FAKE_NVML_PROFILE=str(path))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fakenvml), FAKE_NVML_PROFILE=str(path),
+               FAKE_NVML_UTILIZATION="/nonexistent/utilization.json")
     return subprocess.run([sys.executable, str(REPO / "bin" / "revive"), "gpus", *args], env=env, capture_output=True,
                           text=True, timeout=60)
 
