@@ -83,6 +83,9 @@ gpu:
     simulated_profile:
       description: The fake's profile path when simulated, else null.
       type: str
+    simulated_profile_name:
+      description: The C(name) inside that profile (e.g. V(v100-pcie-8x)) when simulated, else null.
+      type: str
     host:
       description: Host name the probe ran on.
       type: str

@@ -207,6 +207,18 @@ def _fake_profile(pynvml: Any) -> Optional[str]:
     return _text(fn())
 
 
+def _profile_name(path: Optional[str]) -> Optional[str]:
+    """The `name` inside the fake's profile (e.g. "v100-pcie-8x"), for reports; None when unreadable."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            name = json.load(handle).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def _package_of(cpu: int) -> Optional[int]:
     try:
         return int((SYSFS_CPU / f"cpu{cpu}" / "topology" / "physical_package_id").read_text())
@@ -452,6 +464,7 @@ def _probe(pynvml: Any, host: str) -> dict:
     return {
         "simulated": bool(profile),
         "simulated_profile": profile,
+        "simulated_profile_name": _profile_name(profile),
         "host": host,
         "library_path": loaded_nvml_path(),
         "driver_version": driver,

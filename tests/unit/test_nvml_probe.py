@@ -353,6 +353,7 @@ def test_v100_pcie_box_is_what_the_field_notes_describe(probed: dict) -> None:
     gpu = probed["v100-pcie-8x"]
     assert gpu["simulated"] is True
     assert gpu["simulated_profile"] == str(PROFILES / "v100-pcie-8x.json")
+    assert gpu["simulated_profile_name"] == "v100-pcie-8x"
     assert gpu["notes"][0].startswith("SIMULATED: lab fake NVML")
     assert (gpu["driver_version"], gpu["driver_branch"], gpu["cuda_driver_version"], gpu["nvml_version"], gpu["count"]) == (
         "535.104.05", 535, "12.2", "12.535.104.05", 8)
