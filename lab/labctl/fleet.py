@@ -385,7 +385,7 @@ def status(paths: LabPaths, query_hosts: bool = True) -> dict:
     for h in lab.hosts:
         running = bool(h.pid and h.start_time and system.is_same_process(h.pid, h.start_time))
         hosts.append({"name": h.name, "group": h.group, "address": h.address, "gpu_profile": h.gpu_profile,
-                      "pid": h.pid, "running": running})
+                      "netns": h.netns, "veth": h.veth, "pid": h.pid, "running": running})
     if query_hosts and paths.known_hosts.exists():
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
             states = pool.map(lambda h: ready.query_system_state(h["name"], h["address"], paths.key,
