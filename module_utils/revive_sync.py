@@ -358,7 +358,7 @@ def is_model_file(relpath: str) -> bool:
 
 
 def scan_tree(root: str) -> Dict[str, int]:
-    """Relative path → size of every model file under root (symlinks followed, as rsync --copy-links does)."""
+    """Relative path → size of every model file under root (symlinks followed: the bytes are what counts)."""
     found: Dict[str, int] = {}
     for directory, subdirs, files in os.walk(root, followlinks=True):
         relative_dir = os.path.relpath(directory, root)
@@ -704,11 +704,12 @@ def rsync_argv(source: RsyncSource, staging: str, *, bwlimit_kib: int = 0, io_ti
 
     --append-verify: a file cut short by an interrupted run keeps its bytes in place (even on SIGKILL, as
     --append writes in place) and only the remainder moves next time, then the whole file is checksummed
-    and re-sent if it differs. Staging is never served, so in-place writes are safe there. --copy-links
-    turns a Hugging Face cache snapshot's symlinks into files. Our bookkeeping files are excluded (and so
-    protected from --delete).
+    and re-sent if it differs. Staging is never served, so in-place writes are safe there.
+    --copy-unsafe-links turns a Hugging Face cache snapshot's symlinks (into ../../blobs) into files; rrsync
+    refuses --copy-links below a restricted directory, and links inside the model stay links. Our bookkeeping
+    files are excluded (and so protected from --delete).
     """
-    argv = ["rsync", "--recursive", "--times", "--copy-links", "--append-verify", "--delete",
+    argv = ["rsync", "--recursive", "--times", "--links", "--copy-unsafe-links", "--append-verify", "--delete",
             "--no-human-readable", "--stats", f"--out-format={_FILE_DONE_PREFIX}%n",
             f"--timeout={io_timeout_s}", f"--exclude=/{MANIFEST_NAME}", f"--exclude=/{RESERVED_PREFIX}*"]
     argv += [f"--exclude=/{name}" for name in IGNORED_TOP_LEVEL]

@@ -69,7 +69,8 @@ def test_rsync_argv_is_resumable_pull_with_pinned_host_key():
     source = RsyncSource(path="chat/rev1", host="10.77.0.10", user="root", port=2222,
                          identity_file="/root/.ssh/revive_model_sync", known_hosts_file="/etc/revive/kh")
     assert rsync_argv(source, "/data/models/chat/.rev1.staging", bwlimit_kib=50000) == [
-        "rsync", "--recursive", "--times", "--copy-links", "--append-verify", "--delete", "--no-human-readable",
+        "rsync", "--recursive", "--times", "--links", "--copy-unsafe-links", "--append-verify", "--delete",
+        "--no-human-readable",
         "--stats", "--out-format=revive-done %n", "--timeout=300", "--exclude=/revive-manifest.json",
         "--exclude=/.revive-*", "--exclude=/.git", "--exclude=/.cache", "--bwlimit=50000",
         "-e", "ssh -p 2222 -o BatchMode=yes -o ConnectTimeout=20 -o ServerAliveInterval=15 -o ServerAliveCountMax=4 "
