@@ -232,6 +232,7 @@ class TopoM:
 
 
 _TRAILING = ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def parse_topo_m(text: str) -> TopoM:
@@ -240,7 +241,8 @@ def parse_topo_m(text: str) -> TopoM:
     Tolerant of tabs or spaces, NIC columns (mlx5_0, NIC0), missing trailing columns on NIC rows, old
     drivers without "NUMA Affinity"/"GPU NUMA ID", and anything after "Legend:".
     """
-    lines = text.splitlines()
+    # Real nvidia-smi underlines the header with ANSI escapes even when stdout is a pipe (seen on R580).
+    lines = _ANSI_ESCAPE.sub("", text).splitlines()
     header_at = next((n for n, line in enumerate(lines) if re.search(r"(^|\s)GPU0(\s|$)", line)), None)
     if header_at is None:
         raise ValueError("no `nvidia-smi topo -m` header (a line with GPU0) found")

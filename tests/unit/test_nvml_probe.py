@@ -487,3 +487,13 @@ def test_library_mismatch_on_process_queries_is_a_note_not_a_crash(fakenvml: Pat
     assert processes is None
     assert notes == ["processes: driver's NVML lacks the versioned call nvidia-ml-py uses "
                      "(Unversioned function called and the pyNVML version does not match)"]
+
+
+def test_parse_topo_m_strips_the_ansi_underline_real_nvidia_smi_prints(repo) -> None:
+    # Captured verbatim from `nvidia-smi topo -m | tee` on a 2x H200 machine (driver 580.159.04).
+    captured = (repo / "tests/data/h200x2-topo-m.txt").read_text()
+    assert "\x1b[4m" in captured
+    parsed = parse_topo_m(captured)
+    assert parsed.gpu_matrix() == [["X", "NV18"], ["NV18", "X"]]
+    assert parsed.rows["GPU1"]["CPU Affinity"] == "0-31"
+    assert parsed.rows["GPU1"]["GPU NUMA ID"] == "N/A"
