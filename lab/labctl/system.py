@@ -192,7 +192,12 @@ def process_start_time(pid: int) -> int | None:
 
 
 def is_same_process(pid: int, start_time: int) -> bool:
-    return process_start_time(pid) == start_time
+    """True while the systemd-nspawn recorded as (pid, start time) runs; a reused PID never matches."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == "systemd-nspawn" and process_start_time(pid) == start_time
 
 
 def start_nspawn(root: Path, machine: str, netns: str, cgroups: list[str], log_path: Path) -> tuple[int, int]:
