@@ -4,8 +4,9 @@ random weights, so rsync cannot match blocks and a transfer cut short leaves a r
 
     make_model.py DEST --dtype F16 --vocab 8192 [--overflow]
 
---vocab scales the embeddings (2 x vocab x 64 values); --overflow puts one BF16 value beyond FP16's range
-(70000.0) into the first tensor of the last shard.
+Llama layout at fixed small dimensions (hidden 128, 2 layers); --vocab scales the embeddings and lm_head
+(2 x vocab x 128 values, 512 bytes per vocab entry); --overflow puts one BF16 value beyond FP16's range (70000.0)
+into the first tensor of the last shard.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def main(argv) -> int:
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--overflow", action="store_true")
     args = parser.parse_args(argv)
-    config = dict(model_config("llama-2-7b-chat", size="tiny"), vocab_size=args.vocab,
+    config = dict(model_config("llama-2-7b-chat", size="tiny"), vocab_size=args.vocab, hidden_size=128,
+                  intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                   torch_dtype="bfloat16" if args.dtype == "BF16" else "float16")
     write_model(args.dest, "llama-2-7b-chat", config=config, shards=args.shards)
     rng = np.random.default_rng()
