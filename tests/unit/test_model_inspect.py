@@ -17,7 +17,7 @@ def test_tiny_fp16_20b_fixture_reports_contract_c(tmp_path):
     assert facts["source"] == "safetensors"
     assert facts["architecture"] == "InternLM2ForCausalLM"
     assert (facts["num_hidden_layers"], facts["hidden_size"], facts["num_attention_heads"],
-            facts["num_key_value_heads"], facts["head_dim"]) == (2, config["hidden_size"], 12, 2, 16)
+            facts["num_key_value_heads"], facts["head_dim"]) == (2, 512, 8, 1, 64)
     assert facts["dtypes"] == ["F16"] and facts["weights_dtype"] == "F16"
     assert [s["file"] for s in facts["shards"]] == ["model-00001-of-00002.safetensors",
                                                     "model-00002-of-00002.safetensors"]

@@ -1,0 +1,253 @@
+#!/usr/bin/python
+"""Ansible module: plan the vLLM release (version, argv, environment, replicas, KV cache) for a node."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_plan
+short_description: Plan a vLLM release for a node from its GPU facts and a model's facts
+description:
+  - Derives the vLLM release that runs well on the node - version and pins, the server argv, the
+    environment, the replica layout (GPU indices, C(CUDA_VISIBLE_DEVICES), port, CPUs and NUMA node), a
+    KV-cache estimate with vLLM's own sizing - with one reason per decision citing its source, and
+    warnings; or refuses, with the reason, a combination that will not run (no kernels for the compute
+    capability, AWQ/Marlin/FP8 on Volta, a model that does not fit, a Gemma-2 on xFormers, an old driver).
+  - The rules are those of the field notes and of the vLLM 0.5.4 reference, listed in
+    C(module_utils/revive_plan.py); the tensor-parallel layout comes from a documented cost model
+    anchored on the field notes' measurements.
+  - Pure computation on the controller's data; nothing on the host changes. Check mode computes the same plan.
+  - The release data reaches the module as a parameter (AnsiballZ ships no data files); pass
+    C(data/vllm-releases.yml) through C(lookup('file', ...) | from_yaml).
+version_added: "0.1.0"
+author: revive planner
+options:
+  gpu:
+    description: GPU facts as C(nvml_facts) returns them under C(gpu) (interface B).
+    type: dict
+    required: true
+  model:
+    description: Model facts as C(model_inspect) returns them under C(model) (interface C).
+    type: dict
+    required: true
+  releases:
+    description: The parsed C(data/vllm-releases.yml); validated before use.
+    type: dict
+    required: true
+  workload:
+    description: What the endpoint must serve. Defaults are the field notes' workload.
+    type: dict
+    default: {}
+    suboptions:
+      max_model_len:
+        description: Longest prompt plus completion; default 4096 (the notes') capped by the model.
+        type: int
+      concurrency:
+        description: Concurrent requests the node must serve.
+        type: int
+        default: 32
+      slo_p95_e2e_s:
+        description: Target p95 end-to-end latency, seconds.
+        type: float
+        default: 12.0
+      slo_output_tokens:
+        description: Output tokens per request the SLO is stated for (max_tokens).
+        type: int
+        default: 200
+      typical_prompt_tokens:
+        description: Typical prompt length, tokens.
+        type: int
+        default: 256
+      metrics:
+        description: Whether C(/metrics) must carry the C(vllm:*) series (0.5.4 then needs C(--disable-frontend-multiprocessing)).
+        type: bool
+        default: true
+  overrides:
+    description: Operator choices that replace the planner's; each is still checked.
+    type: dict
+    default: {}
+    suboptions:
+      vllm_version: {description: Pin this release (must be in the release data)., type: str}
+      tensor_parallel_size: {description: Use this TP size (refused if the heads or memory do not allow it)., type: int}
+      gpu_memory_utilization: {description: Fraction of each GPU vLLM may use., type: float}
+      max_num_seqs: {description: Sequences scheduled at once per replica., type: int}
+      max_num_batched_tokens: {description: Tokens per engine step (at least max_model_len)., type: int}
+      swap_space: {description: CPU swap GiB per GPU (pinned at start; bounded by host RAM)., type: float}
+      exclude_gpus: {description: GPU indices not to use (e.g. quarantined by the health gate)., type: list, elements: int, default: []}
+      allow_bf16_conversion: {description: Accept BF16 weights on a GPU without BF16 (the sync role converts); refuse when false., type: bool, default: true}
+  serve:
+    description: How the server is reached.
+    type: dict
+    default: {}
+    suboptions:
+      model_path: {description: Model directory as the server sees it (default the inspected path)., type: str}
+      served_model_name: {description: Name clients use (default the directory name)., type: str}
+      host: {description: Address the server binds., type: str, default: 0.0.0.0}
+      base_port: {description: Port of replica 0; replica N listens on base_port + N., type: int, default: 8000}
+  host_ram_mb:
+    description: Host RAM in MiB (C(ansible_facts['memtotal_mb'])); bounds C(--swap-space), which is pinned at start.
+    type: int
+  fail_on_refusal:
+    description: Fail the task on a refusal; when false, return C(refused=true) and the reason so the play can quarantine the host.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+notes:
+  - Logic and the cost model live in C(module_utils/revive_plan.py); KV sizing in C(module_utils/revive_kv.py).
+  - C(bin/revive plan) runs the same planner without Ansible.
+"""
+
+EXAMPLES = r"""
+# In the preflight play, after nvml_facts and model_inspect:
+- name: Plan the vLLM release for this node
+  vllm_plan:
+    gpu: "{{ ansible_facts['gpu'] }}"
+    model: "{{ revive_model_facts.model }}"
+    releases: "{{ lookup('ansible.builtin.file', playbook_dir ~ '/../data/vllm-releases.yml') | from_yaml }}"
+    workload:
+      concurrency: 32
+      slo_p95_e2e_s: 12
+      slo_output_tokens: 200
+    serve:
+      model_path: /data/models/chat-20b-fp16
+      served_model_name: chat-20b
+    host_ram_mb: "{{ ansible_facts['memtotal_mb'] }}"
+    fail_on_refusal: false
+  register: revive_plan_result
+
+- name: Quarantine a node the planner refused
+  ansible.builtin.group_by:
+    key: "quarantined"
+  when: revive_plan_result.refused
+
+- name: Show the plan's reasons
+  ansible.builtin.debug:
+    msg: "{{ item.decision }} = {{ item.value }}: {{ item.reason }} [{{ item.source }}]"
+  loop: "{{ ansible_facts['revive_release']['reasons'] }}"
+  when: not revive_plan_result.refused
+
+# What-if: the same model pinned to TP 8 and 0.5.4
+- name: Plan with the field notes' layout
+  vllm_plan:
+    gpu: "{{ ansible_facts['gpu'] }}"
+    model: "{{ revive_model_facts.model }}"
+    releases: "{{ lookup('ansible.builtin.file', 'data/vllm-releases.yml') | from_yaml }}"
+    overrides:
+      vllm_version: "0.5.4"
+      tensor_parallel_size: 8
+"""
+
+RETURN = r"""
+refused:
+  description: True when the planner refused (only returned without failing when O(fail_on_refusal=false)).
+  returned: always
+  type: bool
+refusal:
+  description: Why the combination will not run, and the source of the rule.
+  returned: when refused
+  type: dict
+  sample: {reason: "... awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 ...", source: "ref §7.3"}
+release:
+  description: The planned release; also set as the host fact C(revive_release).
+  returned: when not refused
+  type: dict
+  contains:
+    vllm_version: {description: Release to install., type: str, sample: "0.5.4"}
+    pins: {description: Package pins of that release (vllm, torch, xformers, cuda, python)., type: dict}
+    engine: {description: V0 or V1 on this GPU., type: str, sample: V0}
+    attention_backend: {description: Attention backend vLLM selects., type: str, sample: XFORMERS}
+    entrypoint: {description: Python arguments before the server flags., type: list, elements: str, sample: ["-m", "vllm.entrypoints.openai.api_server"]}
+    args: {description: Server flags of replica 0 (validated against the release's CLI table)., type: list, elements: str}
+    env: {description: Environment of replica 0., type: dict, sample: {CUDA_DEVICE_ORDER: PCI_BUS_ID, CUDA_VISIBLE_DEVICES: "0,1,2,3", NCCL_P2P_DISABLE: "1", NCCL_SHM_DISABLE: "1"}}
+    replicas:
+      description: One server per tensor-parallel group, each with its own GPUs, port, CPUs, argv and environment.
+      type: list
+      elements: dict
+      sample: [{index: 0, name: vllm-0, port: 8000, gpus: [0, 1, 2, 3], cuda_visible_devices: "0,1,2,3", tensor_parallel_size: 4, socket: 0, numa_node: 0, cpu_list: "0-19,40-59", streams: 16, args: [], env: {}}]
+    tensor_parallel_size: {description: TP size of every replica., type: int}
+    settings: {description: "Resolved dtype, gpu_memory_utilization, max_model_len, max_num_seqs, max_num_batched_tokens, swap_space, enforce_eager, block_size.", type: dict}
+    kv_cache: {description: "vLLM's KV sizing per GPU worker: bytes_per_block, num_gpu_blocks, num_cpu_blocks, tokens, max_concurrency_at_max_model_len, max_concurrency_at_typical_len, budget and its terms, log_line.", type: dict}
+    layout: {description: The chosen layout and every candidate with its prediction or why it was not possible., type: dict}
+    conversion: {description: "null, or {from: BF16, to: F16} when the weights must be converted for this GPU.", type: dict}
+    metrics: {description: Prometheus metric names of the release., type: list, elements: str}
+    reasons: {description: "One entry per decision: {decision, value, reason, source}.", type: list, elements: dict}
+    warnings: {description: Things that will run but deserve attention., type: list, elements: str}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_plan import (
+    Overrides,
+    PlanError,
+    PlanRefusal,
+    Serve,
+    Workload,
+    plan_release,
+)
+from ansible.module_utils.revive_releases import ReleaseDataError, load_release_data
+
+WORKLOAD_SPEC = {
+    "max_model_len": {"type": "int"},
+    "concurrency": {"type": "int", "default": 32},
+    "slo_p95_e2e_s": {"type": "float", "default": 12.0},
+    "slo_output_tokens": {"type": "int", "default": 200},
+    "typical_prompt_tokens": {"type": "int", "default": 256},
+    "metrics": {"type": "bool", "default": True},
+}
+OVERRIDES_SPEC = {
+    "vllm_version": {"type": "str"},
+    "tensor_parallel_size": {"type": "int"},
+    "gpu_memory_utilization": {"type": "float"},
+    "max_num_seqs": {"type": "int"},
+    "max_num_batched_tokens": {"type": "int"},
+    "swap_space": {"type": "float"},
+    "exclude_gpus": {"type": "list", "elements": "int", "default": []},
+    "allow_bf16_conversion": {"type": "bool", "default": True},
+}
+SERVE_SPEC = {
+    "model_path": {"type": "str"},
+    "served_model_name": {"type": "str"},
+    "host": {"type": "str", "default": "0.0.0.0"},
+    "base_port": {"type": "int", "default": 8000},
+}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "gpu": {"type": "dict", "required": True},
+            "model": {"type": "dict", "required": True},
+            "releases": {"type": "dict", "required": True},
+            "workload": {"type": "dict", "default": {}, "options": WORKLOAD_SPEC},
+            "overrides": {"type": "dict", "default": {}, "options": OVERRIDES_SPEC},
+            "serve": {"type": "dict", "default": {}, "options": SERVE_SPEC},
+            "host_ram_mb": {"type": "int"},
+            "fail_on_refusal": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        releases = load_release_data(params["releases"], source="releases parameter (data/vllm-releases.yml)")
+    except ReleaseDataError as exc:
+        module.fail_json(msg=str(exc), refused=False)
+    host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
+    try:
+        release = plan_release(params["gpu"], params["model"], releases, Workload(**params["workload"]),
+                               Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram)
+    except PlanRefusal as exc:
+        refusal = {"reason": exc.reason, "source": exc.source}
+        if params["fail_on_refusal"]:
+            module.fail_json(msg=f"vLLM plan refused: {exc.reason} [{exc.source}]", refused=True, refusal=refusal)
+        module.exit_json(changed=False, refused=True, refusal=refusal)
+    except PlanError as exc:
+        module.fail_json(msg=str(exc), refused=False)
+    for warning in release["warnings"]:
+        module.warn(warning)
+    module.exit_json(changed=False, refused=False, release=release, ansible_facts={"revive_release": release})
+
+
+if __name__ == "__main__":
+    main()
