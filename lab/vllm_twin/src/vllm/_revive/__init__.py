@@ -1,0 +1,48 @@
+"""The project's module_utils (model facts, KV sizing, topology) inside the twin.
+
+The twin reuses module_utils/revive_model.py, revive_kv.py and revive_topology.py instead of
+re-implementing them, so the planner's estimate and the twin's `# GPU blocks` line come from one code.
+Those files import each other as `ansible.module_utils.revive_*` (how AnsiballZ bundles them). The wheel
+carries copies in vllm/_revive/module_utils/ (lab/vllm_twin/build_wheelhouse.py puts them there); a
+source checkout uses the repository's module_utils/. Either directory is appended to
+`ansible.module_utils.__path__`; where ansible is not installed (lab nodes) a bare namespace stands in,
+as bin/revive_cli/__init__.py does.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from pathlib import Path
+from types import ModuleType
+
+BUNDLED = Path(__file__).resolve().parent / "module_utils"
+CHECKOUT = Path(__file__).resolve().parents[5] / "module_utils"
+
+
+def module_utils_dir() -> Path:
+    if (BUNDLED / "revive_kv.py").is_file():
+        return BUNDLED
+    return CHECKOUT
+
+
+def _install() -> None:
+    try:
+        import ansible.module_utils as package
+    except ImportError:
+        ansible = types.ModuleType("ansible")
+        ansible.__path__ = []  # type: ignore[attr-defined]
+        package = types.ModuleType("ansible.module_utils")
+        package.__path__ = []  # type: ignore[attr-defined]
+        ansible.module_utils = package  # type: ignore[attr-defined]
+        sys.modules["ansible"] = ansible
+        sys.modules["ansible.module_utils"] = package
+    directory = str(module_utils_dir())
+    if directory not in package.__path__:
+        package.__path__.append(directory)
+
+
+def module_utils(name: str) -> ModuleType:
+    """`ansible.module_utils.<name>`, e.g. module_utils("revive_kv")."""
+    _install()
+    return importlib.import_module(f"ansible.module_utils.{name}")

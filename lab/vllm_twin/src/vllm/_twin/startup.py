@@ -1,0 +1,435 @@
+"""Start-up of the twin: vLLM 0.5.4's configuration checks, worker start, model load, KV sizing and
+CUDA-graph capture, in 0.5.4's order, with its messages and exception types.
+
+Sources (reference/vllm-0.5.4-and-volta.md and the 0.5.4 code it cites):
+* EngineArgs.create_engine_config: ModelConfig (dtype §1.4, max_model_len §2.1, quantization §7.3),
+  CacheConfig (`GPU memory utilization must be less than 1.0`), ParallelConfig (mp backend; more GPUs
+  than visible: the Ray path, since a real `pip install vllm==0.5.4` brings ray), SchedulerConfig
+  (§3.5), then EngineConfig's verify_with_parallel_config (heads divisible by TP, swap space §3.4).
+* Worker.init_device: the BF16 check (§1.4). load_model: quantization capability (§7.3), xFormers'
+  head sizes and logit soft-capping (§1.3), then the weights (torch's OOM message when they do not fit).
+* determine_num_available_blocks: module_utils/revive_kv.py (0.5.4's algorithm, §3.1-§3.4), logged as
+  `# GPU blocks: N, # CPU blocks: M`; raise_if_cache_size_invalid (§3.1 step 5).
+* capture_model (§1.5, §7.2): decode CUDA graphs after the KV cache, outside the utilisation budget;
+  no room left means torch's OOM, as in the field notes' first attempt.
+Times (process start, NCCL, weight load proportional to bytes, profiling, capture) come from perf.py
+and pass through `wait`, which applies the time scale.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from vllm._revive import module_utils
+from vllm._twin import gpus as gpu_mod
+from vllm._twin import perf, vlog
+from vllm._twin.engine import EngineConfig
+from vllm._twin.settings import Settings
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# v0.5.4 get_min_capability() x 10 per method (reference §7.3, column v0.5.4).
+QUANTIZATION_MIN_CAPABILITY = {
+    "gptq": 60, "awq": 75, "gptq_marlin": 80, "awq_marlin": 80, "marlin": 80, "gptq_marlin_24": 80, "fp8": 80,
+    "fbgemm_fp8": 80, "qqq": 80, "bitsandbytes": 70, "squeezellm": 70, "compressed-tensors": 70, "aqlm": 60,
+    "deepspeedfp": 60,
+}
+OPTIMIZED_QUANTIZATION = ("fp8", "marlin", "gptq_marlin_24", "gptq_marlin", "awq_marlin", "fbgemm_fp8",
+                          "compressed_tensors", "compressed-tensors")
+PAGED_ATTENTION_HEAD_SIZES = [64, 80, 96, 112, 120, 128, 192, 256]  # paged_attn.py:36-37 (§1.3)
+# config.py:32 _PP_SUPPORTED_MODELS in 0.5.4
+PP_SUPPORTED_ARCHITECTURES = ["AquilaModel", "AquilaForCausalLM", "DeepseekV2ForCausalLM", "InternLMForCausalLM",
+                              "LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+                              "GPT2LMHeadModel", "MixtralForCausalLM", "NemotronForCausalLM", "Qwen2ForCausalLM",
+                              "Qwen2MoeForCausalLM"]
+MAX_LEN_KEYS = ["max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len"]
+TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+ARG_DTYPES = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32",
+              "bfloat16": "bfloat16"}
+KV_SIZING_DTYPE = {"float16": "half", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+class StartupFailure(Exception):
+    """A start-up error as 0.5.4 raises it: `exc_type: message` is the last line of its traceback.
+
+    `in_engine` is True for errors raised while building the engine (in the RPC engine process in
+    0.5.4's default mode), False for errors of the API process itself.
+    """
+
+    def __init__(self, exc_type: str, message: str, in_engine: bool = True):
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.in_engine = in_engine
+
+
+@dataclass
+class EngineSetup:
+    model_path: str
+    served_model_names: List[str]
+    facts: Dict[str, Any]
+    dtype: str                      # float16 / bfloat16 / float32
+    max_model_len: int
+    engine_config: EngineConfig
+    perf_model: perf.PerfModel
+    group: List[gpu_mod.Gpu]
+    transport: perf.Transport
+    kv: Any
+    cache_config_info: Dict[str, object]
+    block_bytes: int
+    worker_count: int
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+def oom_message(tried_bytes: int, gpu_index: int, total: int, free: int, process_used: int,
+                torch_allocated: int) -> str:
+    """torch 2.4's CUDA OOM text (torch/csrc/cuda/CUDACachingAllocator.cpp)."""
+    return (f"CUDA out of memory. Tried to allocate {_mem(tried_bytes)}. GPU {gpu_index} has a total capacity of "
+            f"{_mem(total)} of which {_mem(free)} is free. Including non-PyTorch memory, this process has "
+            f"{_mem(process_used)} memory in use. Of the allocated memory {_mem(torch_allocated)} is allocated by "
+            f"PyTorch, and {_mem(2 * MiB)} is reserved by PyTorch but unallocated. If reserved but unallocated "
+            "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+            "See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+def _mem(value: int) -> str:
+    """torch's format_size: GiB above 1 GiB, else MiB, two decimals."""
+    if value >= GiB:
+        return f"{value / GiB:.2f} GiB"
+    return f"{value / MiB:.2f} MiB"
+
+
+def inspect_model_dir(model: str) -> Dict[str, Any]:
+    """Model facts (module_utils/revive_model.py). The API process reads the config first in 0.5.4
+    (model_is_embedding), so a path that does not exist fails there, as transformers words it."""
+    revive_model = module_utils("revive_model")
+    if not os.path.exists(model):
+        raise StartupFailure(
+            "OSError", f"Incorrect path_or_model_id: '{model}'. Please provide either the path to a local folder "
+            "or the repo_id of a model on the Hub.", in_engine=False)
+    try:
+        return revive_model.inspect_model(model)
+    except revive_model.ModelInspectError as exc:
+        raise StartupFailure("OSError", str(exc), in_engine=False) from None
+
+
+def resolve_dtype(facts: Dict[str, Any], requested: str) -> str:
+    """_get_and_verify_dtype (config.py:1407): `auto` keeps the checkpoint dtype (fp32 -> fp16)."""
+    config_dtype = facts.get("torch_dtype") or "float32"
+    config_dtype = ARG_DTYPES.get(config_dtype, config_dtype)
+    requested = requested.lower()
+    if requested == "auto":
+        if config_dtype == "float32":
+            return "bfloat16" if facts.get("model_type") == "gemma2" else "float16"
+        chosen = config_dtype
+    else:
+        chosen = ARG_DTYPES[requested]
+    if chosen != config_dtype:
+        if chosen == "float32":
+            vlog.info("config.py:1446", f"Upcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+        elif config_dtype == "float32":
+            vlog.info("config.py:1450", f"Downcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+        else:
+            vlog.warning("config.py:1454", f"Casting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+    return chosen
+
+
+def resolve_max_model_len(facts: Dict[str, Any], requested: Optional[int], environ: Dict[str, str]) -> int:
+    """_get_and_verify_max_len (config.py:1459), the number from revive_model.derived_max_model_len."""
+    revive_model = module_utils("revive_model")
+    config = revive_model.load_json_file(facts["config_file"], "config")
+    derived = revive_model.derived_max_model_len(config)
+    key = None
+    smallest = float("inf")
+    for name in MAX_LEN_KEYS:
+        value = config.get(name)
+        if isinstance(value, (int, float)) and value < smallest:
+            smallest, key = value, name
+    if derived is None:
+        if requested is not None:
+            return requested
+        vlog.warning("config.py:1507", "The model's config.json does not contain any of the following keys to "
+                     f"determine the original maximum length of the model: {MAX_LEN_KEYS}. Assuming the model's "
+                     "maximum length is 2048.")
+        derived = 2048
+    if requested is None:
+        return int(derived)
+    if requested > derived:
+        model_max_length = config.get("model_max_length")
+        if model_max_length is not None and requested <= model_max_length:
+            return requested
+        derived_text = float(derived) if isinstance(derived, float) else derived
+        msg = (f"User-specified max_model_len ({requested}) is greater than the derived max_model_len "
+               f"({key}={derived_text} or model_max_length={model_max_length} in model's config.json). This may "
+               "lead to incorrect model outputs or CUDA errors.")
+        if environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
+            vlog.warning("config.py:1567", f"{msg} Make sure the value is correct and within the model context size.")
+        else:
+            raise StartupFailure("ValueError", f"{msg} To allow overriding this maximum, set the env var "
+                                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    return int(requested)
+
+
+def resolve_quantization(facts: Dict[str, Any], requested: Optional[str]) -> Optional[str]:
+    """ModelConfig._verify_quantization (config.py:207)."""
+    requested = requested.lower() if requested else None
+    checkpoint = facts.get("quantization")
+    method = checkpoint.get("method") if isinstance(checkpoint, dict) else None
+    if method:
+        method = str(method).lower()
+        if requested is None:
+            requested = method
+        elif requested != method:
+            raise StartupFailure(
+                "ValueError", f"Quantization method specified in the model config ({method}) does not match the "
+                f"quantization method specified in the `quantization` argument ({requested}).")
+    if requested is not None:
+        if requested not in QUANTIZATION_MIN_CAPABILITY:
+            raise StartupFailure("ValueError", f"Unknown quantization method: {requested}. Must be one of "
+                                 f"{list(QUANTIZATION_MIN_CAPABILITY)}.")
+        if requested not in OPTIMIZED_QUANTIZATION:
+            vlog.warning("config.py:254", f"{requested} quantization is not fully optimized yet. The speed can be "
+                         "slower than non-quantized models.")
+    return requested
+
+
+def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings: Settings,
+                 wait: Callable[[float], None], worker_prefixes: Callable[[int], List[str]]) -> EngineSetup:
+    """Everything between 0.5.4's `AsyncLLMEngine.from_engine_args` and a ready engine."""
+    revive_kv = module_utils("revive_kv")
+    served = list(args.served_model_name) if args.served_model_name else [args.model]
+
+    # --- create_engine_config -------------------------------------------------------------------
+    dtype = resolve_dtype(facts, args.dtype)
+    max_model_len = resolve_max_model_len(facts, args.max_model_len, environ)
+    quantization = resolve_quantization(facts, args.quantization)
+    if args.gpu_memory_utilization > 1.0:
+        raise StartupFailure("ValueError", "GPU memory utilization must be less than 1.0. Got "
+                             f"{args.gpu_memory_utilization}.")
+    try:
+        visible, pynvml = gpu_mod.discover(environ)
+    except gpu_mod.NoGpuError as exc:
+        raise StartupFailure("RuntimeError", str(exc)) from None
+    world = args.tensor_parallel_size * args.pipeline_parallel_size
+    backend = args.distributed_executor_backend
+    if backend is None and world > 1:
+        backend = "mp"
+        if len(visible) < world:
+            backend = "ray"
+        vlog.info("config.py:729", f"Defaulting to use {backend} for distributed inference")
+    if backend == "ray" and world > len(visible):
+        vlog.info("worker.py:1740", "Started a local Ray instance.")
+        raise StartupFailure("ValueError", "The number of required GPUs exceeds the total number of available "
+                             "GPUs in the placement group.")
+    chunked = args.enable_chunked_prefill
+    if chunked is None:
+        chunked = revive_kv.chunked_prefill_enabled(max_model_len, "v0-mem-get-info")
+    max_num_batched_tokens = args.max_num_batched_tokens
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = revive_kv.default_max_num_batched_tokens(max_model_len, "v0-mem-get-info", chunked)
+    if chunked:
+        vlog.info("config.py:820", f"Chunked prefill is enabled with max_num_batched_tokens={max_num_batched_tokens}.")
+    if max_num_batched_tokens < max_model_len and not chunked:
+        raise StartupFailure(
+            "ValueError", f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+            f"({max_model_len}). This effectively limits the maximum sequence length to max_num_batched_tokens "
+            "and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
+            "max_model_len.")
+    if max_num_batched_tokens < args.max_num_seqs:
+        raise StartupFailure("ValueError", f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater "
+                             f"than or equal to max_num_seqs ({args.max_num_seqs}).")
+    heads = int(facts["num_attention_heads"])
+    if heads % args.tensor_parallel_size != 0:
+        raise StartupFailure("ValueError", f"Total number of attention heads ({heads}) must be divisible by "
+                             f"tensor parallel size ({args.tensor_parallel_size}).")
+    if args.pipeline_parallel_size > 1 and facts.get("architecture") not in PP_SUPPORTED_ARCHITECTURES:
+        raise StartupFailure("NotImplementedError", "Pipeline parallelism is only supported for the following  "
+                             f"architectures: {PP_SUPPORTED_ARCHITECTURES}.")
+    ram, ram_source = gpu_mod.host_ram_bytes(environ)
+    level, message = revive_kv.swap_space_check(args.swap_space, args.tensor_parallel_size, ram)
+    if level == "error":
+        raise StartupFailure("ValueError", message)
+    if level == "warn":
+        vlog.warning("config.py:521", message)
+    vlog.sim(f"host RAM for the swap-space check: {ram / GiB:.0f} GiB ({ram_source})")
+
+    kv_dtype = dtype if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
+    vlog.info("llm_engine.py:174", (
+        f"Initializing an LLM engine (v{_version()}) with config: model={args.model!r}, speculative_config=None, "
+        f"tokenizer={(args.tokenizer or args.model)!r}, skip_tokenizer_init={args.skip_tokenizer_init}, "
+        f"tokenizer_mode={args.tokenizer_mode}, revision={args.revision}, rope_scaling={args.rope_scaling!r}, "
+        f"rope_theta={args.rope_theta!r}, tokenizer_revision={args.tokenizer_revision}, "
+        f"trust_remote_code={args.trust_remote_code}, dtype={TORCH_DTYPES[dtype]}, max_seq_len={max_model_len}, "
+        f"download_dir={args.download_dir!r}, load_format=LoadFormat.{args.load_format.upper()}, "
+        f"tensor_parallel_size={args.tensor_parallel_size}, pipeline_parallel_size={args.pipeline_parallel_size}, "
+        f"disable_custom_all_reduce={args.disable_custom_all_reduce}, quantization={quantization}, "
+        f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype}, "
+        f"quantization_param_path={args.quantization_param_path}, device_config=cuda, "
+        "decoding_config=DecodingConfig(guided_decoding_backend='outlines'), "
+        "observability_config=ObservabilityConfig(otlp_traces_endpoint=None), "
+        f"seed={args.seed}, served_model_name={served[0]}, use_v2_block_manager={args.use_v2_block_manager}, "
+        f"enable_prefix_caching={args.enable_prefix_caching})"))
+
+    # --- executor and workers ---------------------------------------------------------------------
+    group = visible[:world]
+    topo = gpu_mod.topology(pynvml, group)
+    prefixes = worker_prefixes(world)
+    wait(perf.init_seconds(world))
+    if world > 1 and not args.disable_custom_all_reduce:
+        for prefix in [""] + prefixes:
+            if world not in (2, 4, 6, 8):
+                vlog.warning("custom_all_reduce.py:81", "Custom allreduce is disabled due to an unsupported world "
+                             f"size: {world}. Supported world sizes: [2, 4, 6, 8]. To silence this warning, "
+                             "specify disable_custom_all_reduce=True explicitly.", prefix)
+            elif world > 2 and not topo.all_nvlink:
+                vlog.warning("custom_all_reduce.py:118", "Custom allreduce is disabled because it's not supported "
+                             "on more than two PCIe-only GPUs. To silence this warning, specify "
+                             "disable_custom_all_reduce=True explicitly.", prefix)
+            elif not topo.all_p2p and not topo.all_nvlink:
+                vlog.warning("custom_all_reduce.py:127", "Custom allreduce is disabled because your platform lacks "
+                             "GPU P2P capability or P2P test failed. To silence this warning, specify "
+                             "disable_custom_all_reduce=True explicitly.", prefix)
+    for rank, gpu in enumerate(group):
+        prefix = "" if rank == 0 else prefixes[rank - 1]
+        if gpu.compute_capability[0] < 8:
+            vlog.info("selector.py:151", "Cannot use FlashAttention-2 backend for Volta and Turing GPUs.", prefix)
+        vlog.info("selector.py:54", "Using XFormers backend." if gpu.compute_capability[0] < 8
+                  else "Using FlashAttention-2 backend.", prefix)
+    for gpu in group:  # Worker.init_device -> _check_if_gpu_supports_dtype (worker.py:352)
+        if dtype == "bfloat16" and gpu.compute_capability[0] < 8:
+            major, minor = gpu.compute_capability
+            raise StartupFailure(
+                "ValueError", "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+                f"Your {gpu.name} GPU has compute capability {major}.{minor}. You can use float16 instead by "
+                "explicitly setting the`dtype` flag in CLI, for example: --dtype=half.")
+
+    # --- load_model ---------------------------------------------------------------------------
+    capability = group[0].compute_capability[0] * 10 + group[0].compute_capability[1]
+    if quantization and capability < QUANTIZATION_MIN_CAPABILITY[quantization]:
+        raise StartupFailure(
+            "ValueError", f"The quantization method {quantization} is not supported for the current GPU. Minimum "
+            f"capability: {QUANTIZATION_MIN_CAPABILITY[quantization]}. Current capability: {capability}.")
+    if facts.get("attn_logit_softcapping") and group[0].compute_capability[0] < 8:
+        raise StartupFailure("ValueError", "XFormers does not support attention logits soft capping.")
+    head_size = int(facts["head_dim"])
+    if group[0].compute_capability[0] < 8 and head_size not in PAGED_ATTENTION_HEAD_SIZES:
+        raise StartupFailure("ValueError", f"Head size {head_size} is not supported by PagedAttention. Supported "
+                             f"head sizes are: {PAGED_ATTENTION_HEAD_SIZES}.")
+    context = revive_kv.CUDA_CONTEXT_BYTES
+    weights = revive_kv.weights_per_gpu_bytes(facts, world, KV_SIZING_DTYPE[dtype])
+    load_time = perf.load_seconds(int(facts["weight_bytes"]))
+    for prefix in [""] + prefixes:
+        vlog.info("model_runner.py:720", f"Starting to load model {args.model}...", prefix)
+    for rank, gpu in enumerate(group):
+        free = gpu.cuda_total_bytes - gpu.used_bytes - context
+        if weights > free:
+            wait(load_time * max(free, 0) / weights)
+            allocated = max(free - 2 * MiB, 0)
+            raise StartupFailure("torch.OutOfMemoryError", oom_message(
+                min(weights - allocated, 1024 * MiB), rank, gpu.cuda_total_bytes, 2 * MiB,
+                context + allocated, allocated))
+    wait(load_time)
+    for prefix in [""] + prefixes:
+        vlog.info("model_runner.py:732", f"Loading model weights took {weights / GiB:.4f} GB", prefix)
+    if settings.fail_after_load:
+        raise StartupFailure("RuntimeError", f"[twin fault VLLM_SIM_FAULT_FAIL_AFTER_LOAD] {settings.fail_after_load}")
+
+    # --- determine_num_available_blocks (revive_kv: the planner's code) -----------------------------
+    wait(perf.PROFILE_RUN_SECONDS)
+    kv = revive_kv.kv_cache_plan(
+        facts, args.tensor_parallel_size, min(g.cuda_total_bytes for g in group), args.gpu_memory_utilization,
+        args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len, block_size=args.block_size, dtype=KV_SIZING_DTYPE[dtype], release="0.5.4",
+        enable_chunked_prefill=chunked, kv_cache_dtype=args.kv_cache_dtype,
+        pipeline_parallel_size=args.pipeline_parallel_size)
+    num_gpu_blocks = kv.num_gpu_blocks
+    errors = list(kv.errors)
+    if args.num_gpu_blocks_override is not None:
+        vlog.info("llm_engine.py:361", f"Overriding num_gpu_blocks={num_gpu_blocks} with "
+                  f"num_gpu_blocks_override={args.num_gpu_blocks_override}")
+        num_gpu_blocks = args.num_gpu_blocks_override
+        # raise_if_cache_size_invalid (worker.py:366) on the overridden count
+        errors = []
+        if num_gpu_blocks <= 0:
+            errors.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                          "initializing the engine.")
+        elif max_model_len > args.block_size * num_gpu_blocks:
+            errors.append(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+                          f"that can be stored in KV cache ({args.block_size * num_gpu_blocks}). Try increasing "
+                          "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    where = "distributed_gpu_executor.py:56" if world > 1 else "gpu_executor.py:102"
+    vlog.info(where, f"# GPU blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
+    if errors:
+        raise StartupFailure("ValueError", errors[0])
+
+    # --- CUDA graphs, outside the budget (worker.py:236, model_runner.py:1010) -----------------------
+    if not args.enforce_eager:
+        for prefix in [""] + prefixes:
+            vlog.info("model_runner.py:1024", "Capturing the model for CUDA graphs. This may lead to unexpected "
+                      "consequences if the model is not static. To run the model in eager mode, set "
+                      "'enforce_eager=True' or use '--enforce-eager' in the CLI.", prefix)
+            vlog.info("model_runner.py:1028", "CUDA graphs can take additional 1~3 GiB memory per GPU. If you are "
+                      "running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode. "
+                      "You can also reduce the `max_num_seqs` as needed to decrease memory usage.", prefix)
+        needed = perf.graph_memory_bytes(args.max_num_seqs, int(facts["num_hidden_layers"]), int(facts["hidden_size"]))
+        capture_time = perf.graph_capture_seconds(args.max_num_seqs)
+        kv_bytes = num_gpu_blocks * kv.bytes_per_block
+        for rank, gpu in enumerate(group):
+            in_use = context + kv.weights_per_gpu + kv.non_torch + kv_bytes
+            free = gpu.cuda_total_bytes - gpu.used_bytes - in_use
+            if needed > free:
+                wait(capture_time * max(free, 0) / needed)
+                raise StartupFailure("torch.OutOfMemoryError", oom_message(
+                    min(needed - max(free, 0) + 20 * MiB, needed), rank, gpu.cuda_total_bytes, max(free, 0) // 3,
+                    in_use + max(free, 0) - max(free, 0) // 3, in_use - context))
+        wait(capture_time)
+        for prefix in [""] + prefixes:
+            vlog.info("model_runner.py:1225", f"Graph capturing finished in {round(capture_time * settings.time_scale)} "
+                      "secs.", prefix)
+
+    transport = perf.choose_transport(
+        world, topo.all_nvlink, topo.all_p2p, topo.slowest_path,
+        environ.get("NCCL_P2P_DISABLE", "0") not in ("0", ""), environ.get("NCCL_SHM_DISABLE", "0") not in ("0", ""))
+    kv_token_bytes = revive_kv.kv_bytes_per_token(facts, 1, "half" if kv_dtype in ("float16", "bfloat16") else
+                                                  ("fp8" if kv_dtype.startswith("fp8") else "float32"))
+    shape = perf.ModelShape(int(facts["parameter_count"]), int(facts["weight_bytes"]), int(facts["num_hidden_layers"]),
+                            int(facts["hidden_size"]), kv_token_bytes)
+    spec = perf.gpu_spec(group[0].name, group[0].architecture)
+    max_graph = 0 if args.enforce_eager else max(perf.graph_batch_sizes(args.max_num_seqs) or [0])
+    model = perf.PerfModel(shape, spec, args.tensor_parallel_size, transport, args.enforce_eager, max_graph)
+    vlog.sim(f"tensor-parallel transport: {transport.description}; GPUs (NVML index) "
+             f"{[g.nvml_index for g in group]}, slowest path {topo.slowest_path}")
+    engine_config = EngineConfig(
+        block_size=args.block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=kv.num_cpu_blocks,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        chunked_prefill=bool(chunked), preemption_mode=args.preemption_mode, delay_factor=args.scheduler_delay_factor,
+        seed=args.seed)
+    cache_info = {
+        "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+        "swap_space_bytes": args.swap_space * GiB, "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        "cache_dtype": args.kv_cache_dtype, "sliding_window": facts.get("sliding_window"),
+        "enable_prefix_caching": args.enable_prefix_caching, "cpu_offload_gb": args.cpu_offload_gb,
+        "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": kv.num_cpu_blocks,
+    }
+    return EngineSetup(
+        model_path=args.model, served_model_names=served, facts=facts, dtype=dtype, max_model_len=max_model_len,
+        engine_config=engine_config, perf_model=model, group=group, transport=transport, kv=kv,
+        cache_config_info=cache_info, block_bytes=kv.bytes_per_block, worker_count=world - 1,
+        timings={"load_seconds": load_time})
+
+
+def _version() -> str:
+    from vllm.version import __version__
+    return __version__
+
+
+def model_summary(facts: Dict[str, Any]) -> str:
+    keep = ("architecture", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+            "parameter_count", "weight_bytes", "torch_dtype", "source")
+    return json.dumps({k: facts.get(k) for k in keep}, sort_keys=True)
+
