@@ -105,3 +105,9 @@ def test_an_empty_group_still_exists_so_plays_for_it_just_skip():
     lab = lab_state(LabShape(1, (), {"node1": "v100-pcie-8x"}))
     children = yaml.safe_load(access.render_inventory(lab, KEY, KNOWN_HOSTS, CONTROL))["all"]["children"]
     assert children["lb"] == {} and children["bench"] == {} and children["model_store"] == {}
+
+
+def test_molecule_scenarios_get_the_same_lab_variables_as_the_lab_inventory():
+    base = yaml.safe_load((REPO / ".config/molecule/config.yml").read_text())
+    lab_vars = yaml.safe_load((REPO / "inventory/lab/group_vars/all/lab.yml").read_text())
+    assert base["provisioner"]["inventory"]["group_vars"]["all"] == lab_vars
