@@ -126,3 +126,10 @@ def test_the_lab_refuses_to_run_without_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(LabError, match=r"the lab needs root .*run `sudo bin/lab \.\.\.`"):
         system.check_host()
+
+
+def test_missing_nspawn_names_the_package_to_install(monkeypatch):
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool == "systemd-nspawn" else f"/usr/bin/{tool}")
+    with pytest.raises(LabError, match=r"missing tools: systemd-nspawn \(package systemd-container\); "
+                                       r"on Debian: apt-get install systemd-container"):
+        system.check_host()
