@@ -27,7 +27,6 @@ FAKENVML_LIBRARY = FAKENVML_DIR / "libnvidia-ml.so.1"
 NODE_LIBRARY_PATH = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NODE_PROFILE_PATH = "etc/fake-nvml/profile.json"
 PROJECT_FACT_CACHE = REPO / ".cache/facts"
-SLOT_LOCK = Path("/run/revive-lab.lock")
 SLOTS = 256
 
 
@@ -105,7 +104,7 @@ def up(paths: LabPaths, shape: LabShape, recreate: bool = False, log=print) -> L
                                f"Run `bin/lab down` first, or `bin/lab up --recreate ...`")
             log("lab: removing the previous lab first" if recreate else
                 "lab: found a stopped or half-made lab; removing what is left of it")
-            teardown(paths, existing, log=log)
+            teardown(paths, existing)
         if shape.nodes:
             build_fake_nvml()
         lower = rootfs.ensure_rootfs(log=log)
@@ -175,7 +174,8 @@ def _netns_names() -> list[str]:
 def _create(paths: LabPaths, shape: LabShape, lower: Path, key: Path, log) -> LabState:
     paths.hosts_dir.mkdir(parents=True, exist_ok=True)
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
-    with locked(SLOT_LOCK):
+    # Labs of other checkouts may be picking a subnet at the same moment.
+    with locked(rootfs.cache_dir() / ".slots.lock"):
         slot = allocate_slot()
         bridge = prefix = lab_prefix(slot)
         lab = LabState(slot=slot, bridge=bridge, rootfs=str(lower), shape=shape, inventory=str(paths.inventory))
@@ -309,12 +309,12 @@ def down(paths: LabPaths, log=print) -> None:
             log(f"lab: nothing to take down in {paths.state_dir}")
             return
         started = time.monotonic()
-        teardown(paths, lab, log)
+        teardown(paths, lab)
         log(f"lab: down: removed {len(lab.hosts)} host(s), their namespaces, links, mounts and processes, "
             f"and bridge {lab.bridge} in {time.monotonic() - started:.1f} s; nothing left behind")
 
 
-def teardown(paths: LabPaths, lab: LabState, log=print) -> None:
+def teardown(paths: LabPaths, lab: LabState) -> None:
     system.stop_processes([(h.pid, h.start_time) for h in lab.hosts if h.pid and h.start_time])
     for h in lab.hosts:
         if h.work is not None:
