@@ -19,7 +19,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -93,20 +92,29 @@ def playbook(path: Path, revision: str, **extra) -> Path:
     return path
 
 
-def run_role(lab: Lab, play: Path, *args: str) -> tuple[float, int, dict]:
+def start_role(lab: Lab, play: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_PIPELINING="1")
-    started = time.monotonic()
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i",
-                           str(lab.state_dir / "hosts.yml"), str(play), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True)
-    elapsed = time.monotonic() - started
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i",
+                             str(lab.state_dir / "hosts.yml"), str(play), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_role(proc: subprocess.Popen) -> tuple[int, dict]:
+    stdout, _ = proc.communicate()
     tasks = {}
-    for task in json.loads(proc.stdout)["plays"][0]["tasks"]:
+    for task in json.loads(stdout)["plays"][0]["tasks"]:
         result = task["hosts"].get("node1")
         if result is not None:
             tasks[task["task"]["name"]] = dict(result, duration=task["task"]["duration"])
-    return elapsed, proc.returncode, tasks
+    return proc.returncode, tasks
+
+
+def run_role(lab: Lab, play: Path, *args: str) -> tuple[float, int, dict]:
+    started = time.monotonic()
+    proc = start_role(lab, play, *args)
+    rc, tasks = finish_role(proc)
+    return time.monotonic() - started, rc, tasks
 
 
 def task_seconds(task: dict) -> float:
@@ -128,15 +136,16 @@ def plain_rsync(lab: Lab, dest: str) -> float:
     return float(lab.ssh("node1", command).stdout.strip())
 
 
-def kill_rsync_midway(lab: Lab, staging: str, total: int, fraction: float) -> int:
-    while True:
+def kill_rsync_midway(lab: Lab, role: subprocess.Popen, staging: str, total: int, fraction: float) -> int:
+    """SIGKILL the node's rsync (found by its staging path) once `fraction` of the model is in staging."""
+    while role.poll() is None:
         out = lab.ssh("node1", f"du -sb --apparent-size {staging} 2>/dev/null | cut -f1", check=False).stdout.strip()
         if out and int(out) >= total * fraction:
-            break
+            pids = lab.ssh("node1", f"pgrep -f -x 'rsync .* {staging}/'", check=False).stdout.split()
+            lab.ssh("node1", "kill -KILL " + " ".join(pids))
+            return int(out)
         time.sleep(0.2)
-    pids = lab.ssh("node1", f"pgrep -f -x 'rsync .* {staging}/'", check=False).stdout.split()
-    lab.ssh("node1", "kill -KILL " + " ".join(pids))
-    return int(out)
+    raise AssertionError("the transfer finished before it could be killed; raise REVIVE_BENCH_MODEL_GIB")
 
 
 def test_model_sync_against_plain_rsync_and_resume(tmp_path):
@@ -166,12 +175,9 @@ def test_model_sync_against_plain_rsync_and_resume(tmp_path):
 
         staging = "/data/models/bench/.resume.staging"
         resume_play = playbook(tmp_path / "resume.yml", "resume")
-        killer_result = {}
-        killer = threading.Thread(target=lambda: killer_result.update(
-            left=kill_rsync_midway(lab, staging, total, 0.5)))
-        killer.start()
-        _, cut_rc, _ = run_role(lab, resume_play)
-        killer.join()
+        cut_role = start_role(lab, resume_play)
+        staged_at_kill = kill_rsync_midway(lab, cut_role, staging, total, 0.5)
+        cut_rc, _ = finish_role(cut_role)
         resumed_s, rc, tasks = run_role(lab, resume_play)
         assert rc == 0, tasks
         resumed = tasks["Pull the model into staging and verify it as files arrive"]
@@ -193,7 +199,7 @@ def test_model_sync_against_plain_rsync_and_resume(tmp_path):
           f"promote (seal, fsync, rename):      {statistics.median(promote):6.1f} s")
     print(f"  ratio role / plain rsync:              {ratio:6.2f}  (target <= {TIME_TARGET}: "
           f"{'met' if ratio <= TIME_TARGET else 'MISSED'})")
-    print(f"  resume: rsync killed (SIGKILL) at {killer_result['left']} bytes staged (first run rc={cut_rc}); "
+    print(f"  resume: rsync killed (SIGKILL) at {staged_at_kill} bytes staged (first run rc={cut_rc}); "
           f"remainder {resumed['remainder_bytes']} bytes; resumed run received {resumed['bytes_received']} bytes "
           f"({100 * resume_ratio:.1f} % of the remainder, target <= {100 * RESUME_TARGET:.0f} %: "
           f"{'met' if resume_ratio <= RESUME_TARGET else 'MISSED'}), {resumed_s:.1f} s")
