@@ -231,3 +231,19 @@ def test_a_truncated_shard_header_is_named(tmp_path, fake_ssh):
     manifest = build_manifest(source, read_dtypes=lambda path: ("F16",), workers=1)
     with pytest.raises(Exception, match=r"model\.safetensors: corrupt safetensors header"):
         _stage(source, str(tmp_path / ".rev1.staging"), manifest)
+
+
+def test_hugging_face_cache_snapshot_is_staged_as_regular_files(tmp_path, source):
+    # snapshots/<rev>/ holds symlinks into ../../blobs: outside the transferred tree, so rsync copies the bytes.
+    blobs = tmp_path / "hub" / "blobs"
+    snapshot = tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name in os.listdir(source):
+        shutil.copy2(os.path.join(source, name), blobs / name)
+        (snapshot / name).symlink_to(os.path.join("..", "..", "blobs", name))
+    manifest = build_manifest(str(snapshot), read_dtypes=safetensors_dtypes, workers=1)
+    staging = tmp_path / ".rev1.staging"
+    assert _stage(str(snapshot), str(staging), manifest)["verified"]
+    assert all(not (staging / entry.path).is_symlink() and (staging / entry.path).is_file()
+               for entry in manifest.files)
