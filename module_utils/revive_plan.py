@@ -234,7 +234,8 @@ def gpu_set_from_facts(facts: Dict[str, Any], exclude: Sequence[int], decisions:
                   architecture=str(devices[0].get("architecture") or architecture_for_cc(cc)))
 
 
-def synthetic_gpu_facts(count: int, memory_gib: float, cc: str = "7.0", ram_gib: Optional[int] = None) -> Dict[str, Any]:
+def synthetic_gpu_facts(count: int, memory_gib: float, cc: str = "7.0",
+                        ram_gib: Optional[int] = None) -> Dict[str, Any]:
     """GPU facts (interface B shape) for a `COUNTxMEMORY_GIB[@CC]` what-if.
 
     Assumes a PCIe-only server without NVLink: up to 4 GPUs on one socket, more split evenly over two
@@ -556,6 +557,7 @@ class Candidate:
     max_num_seqs: int = 0
     prediction: Optional[Prediction] = None
     streams_per_replica: int = 0
+    concurrency: int = 0
     meets_slo: bool = False
     kv_holds_streams: bool = False
 
@@ -572,9 +574,10 @@ class Candidate:
         return data
 
     def _throughput(self) -> float:
+        """Total tok/s: every stream decodes at the per-stream speed; replicas beyond the streams idle."""
         if not self.prediction:
             return 0.0
-        return self.prediction.throughput_tok_s * len(self.groups)
+        return self.prediction.per_stream_tok_s * min(self.concurrency, self.streams_per_replica * len(self.groups))
 
 
 def _nccl_env(group: Group) -> Tuple[bool, str]:
@@ -694,6 +697,7 @@ def plan_release(
                                release=release.version, sizing=sizing)
             max_num_seqs = _max_num_seqs_for(streams, kv, typical_len, batched, overrides.max_num_seqs)
         candidate.kv, candidate.max_num_seqs, candidate.streams_per_replica = kv, max_num_seqs, streams
+        candidate.concurrency = workload.concurrency
         if kv.errors:
             candidate.why_not = (f"weights {kv.weights_per_gpu / GiB:.1f} GiB + profile peak "
                                  f"{(kv.peak_activation + kv.non_torch) / GiB:.1f} GiB per GPU leave "
@@ -919,7 +923,8 @@ def _build(model: Dict[str, Any], gpus: GpuSet, release: Release, engine: str, b
     decisions.add("kv_cache", f"{final_kv.num_gpu_blocks} GPU / {final_kv.num_cpu_blocks} CPU blocks",
                   f"{final_kv.tokens} tokens per replica = {final_kv.max_concurrency_at_max_model_len:g} sequences of "
                   f"{max_model_len} or {kv_out['max_concurrency_at_typical_len']:g} of {typical_len}; per GPU: budget "
-                  f"{final_kv.budget_bytes / GiB:.2f} GiB - weights {final_kv.weights_per_gpu / GiB:.2f} - profile peak "
+                  f"{final_kv.budget_bytes / GiB:.2f} GiB - weights {final_kv.weights_per_gpu / GiB:.2f} - profile "
+                  "peak "
                   f"{final_kv.peak_activation / GiB:.2f} - non-torch {final_kv.non_torch / GiB:.2f} = KV "
                   f"{final_kv.kv_bytes / GiB:.2f} GiB", f"ref §3 ({final_kv.sizing}); revive_kv")
     first = replica_list[0]
@@ -960,7 +965,8 @@ def _swap_space(release: Release, tp: int, replicas: int, host_ram_bytes: Option
                 decisions: Decisions, engine: str) -> Optional[float]:
     swap_type = release.get("swap_space_type")
     if swap_type == "none" or release.argument("--swap-space") is None:
-        decisions.add("swap_space", None, f"vLLM {release.version} has no --swap-space (removed in 0.18.0)", "ref §2.2")
+        decisions.add("swap_space", None, f"vLLM {release.version} has no --swap-space (removed in 0.18.0)",
+                      "ref §2.2")
         return None
     if engine == "V1":
         decisions.add("swap_space", None, "the V1 engine preempts by recompute and allocates no CPU swap; the flag "

@@ -33,8 +33,8 @@ def test_ansible_doc_renders_vllm_plan(repo):
     proc = subprocess.run([os.path.join(BIN, "ansible-doc"), "-M", "library", "vllm_plan"], cwd=repo,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    for text in ("Derives the vLLM release that runs well on the node", "fail_on_refusal", "exclude_gpus", "Plan the vLLM release for "
-                 "this node", "RETURN VALUES", "kv_cache"):
+    for text in ("Derives the vLLM release that runs well on the node", "fail_on_refusal", "exclude_gpus",
+                 "Plan the vLLM release for this node", "RETURN VALUES", "kv_cache"):
         assert text in proc.stdout, text
 
 
