@@ -14,12 +14,13 @@ MAX_NODES = 32
 
 # The fleet roles besides GPU nodes, as in the field notes: an rsync source for models, a load client
 # kept off the GPU nodes, and the front door. Host name -> inventory group.
-SUPPORT_HOSTS = {"model-store": "model_store", "bench": "bench", "lb": "lb"}
+# Host names differ from their group names: Ansible warns when a host and a group share a name.
+SUPPORT_HOSTS = {"model-store": "model_store", "bench1": "bench", "lb1": "lb"}
 GROUPS = ("gpu_nodes", "model_store", "bench", "lb")
 
 # Each lab owns one /24 of this /16; slot N is 10.213.N.0/24, the controller (the bridge) is .1.
 LAB_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
-SUPPORT_HOST_OCTET = {"model-store": 2, "bench": 3, "lb": 4}
+SUPPORT_HOST_OCTET = {"model-store": 2, "bench1": 3, "lb1": 4}
 FIRST_NODE_OCTET = 10  # node1 is .11
 
 

@@ -34,7 +34,7 @@ def lab_state(shape: LabShape, slot: int = 3) -> LabState:
 
 @pytest.fixture()
 def default_lab() -> LabState:
-    return lab_state(LabShape(2, ("model-store", "bench", "lb"),
+    return lab_state(LabShape(2, ("model-store", "bench1", "lb1"),
                               {"node1": "v100-pcie-8x", "node2": "v100-pcie-8x-degraded"}))
 
 
@@ -51,8 +51,8 @@ def test_inventory_groups_hosts_and_reaches_them_with_the_labs_key_and_known_hos
             "node1": {"ansible_host": "10.213.3.11", "revive_lab_gpu_profile": "v100-pcie-8x"},
             "node2": {"ansible_host": "10.213.3.12", "revive_lab_gpu_profile": "v100-pcie-8x-degraded"}}},
         "model_store": {"hosts": {"model-store": {"ansible_host": "10.213.3.2"}}},
-        "bench": {"hosts": {"bench": {"ansible_host": "10.213.3.3"}}},
-        "lb": {"hosts": {"lb": {"ansible_host": "10.213.3.4"}}},
+        "bench": {"hosts": {"bench1": {"ansible_host": "10.213.3.3"}}},
+        "lb": {"hosts": {"lb1": {"ansible_host": "10.213.3.4"}}},
     }
 
 
@@ -97,7 +97,7 @@ def test_every_lab_host_knows_every_other_by_name(default_lab):
     hosts = access.render_etc_hosts(default_lab, "10.213.3.1")
     assert "10.213.3.1\tlab-controller\n" in hosts
     for name, address in [("node1", "10.213.3.11"), ("node2", "10.213.3.12"), ("model-store", "10.213.3.2"),
-                          ("bench", "10.213.3.3"), ("lb", "10.213.3.4")]:
+                          ("bench1", "10.213.3.3"), ("lb1", "10.213.3.4")]:
         assert f"{address}\t{name}\n" in hosts
 
 

@@ -24,22 +24,22 @@ def profiles(tmp_path: Path) -> Path:
 
 
 def test_default_lab_is_two_v100_nodes_plus_model_store_bench_and_lb(profiles):
-    shape = build_shape(2, [], parse_support_hosts("model-store,bench,lb"), profiles)
+    shape = build_shape(2, [], parse_support_hosts("model-store,bench1,lb1"), profiles)
     assert [(h.name, h.group, h.gpu_profile) for h in shape.hosts] == [
         ("node1", "gpu_nodes", "v100-pcie-8x"),
         ("node2", "gpu_nodes", "v100-pcie-8x"),
         ("model-store", "model_store", None),
-        ("bench", "bench", None),
-        ("lb", "lb", None),
+        ("bench1", "bench", None),
+        ("lb1", "lb", None),
     ]
 
 
 def test_addresses_are_fixed_per_host_inside_the_labs_own_subnet(profiles):
-    shape = build_shape(3, [], ("lb",), profiles)
+    shape = build_shape(3, [], ("lb1",), profiles)
     assert str(slot_network(0)) == "10.213.0.0/24"
     assert controller_address(0) == "10.213.0.1"
     assert {h.name: host_address(7, h) for h in shape.hosts} == {
-        "node1": "10.213.7.11", "node2": "10.213.7.12", "node3": "10.213.7.13", "lb": "10.213.7.4"}
+        "node1": "10.213.7.11", "node2": "10.213.7.12", "node3": "10.213.7.13", "lb1": "10.213.7.4"}
 
 
 def test_one_node_can_get_its_own_profile(profiles):
@@ -72,13 +72,13 @@ def test_a_profile_without_a_gpus_list_is_refused(profiles):
 
 
 def test_support_hosts_keep_a_canonical_order_and_none_means_none():
-    assert parse_support_hosts("lb, model-store") == ("model-store", "lb")
+    assert parse_support_hosts("lb1, model-store") == ("model-store", "lb1")
     assert parse_support_hosts("none") == ()
 
 
 def test_unknown_support_host_is_refused_with_the_choices():
-    with pytest.raises(LabError, match="unknown support host\\(s\\) db; choose from model-store, bench, lb"):
-        parse_support_hosts("db,lb")
+    with pytest.raises(LabError, match="unknown support host\\(s\\) db; choose from model-store, bench1, lb1"):
+        parse_support_hosts("db,lb1")
 
 
 def test_node_count_is_bounded(profiles):
@@ -87,7 +87,7 @@ def test_node_count_is_bounded(profiles):
 
 
 def test_shape_survives_the_state_file_round_trip(profiles):
-    shape = build_shape(2, ["node2=t4-4x"], ("bench",), profiles)
+    shape = build_shape(2, ["node2=t4-4x"], ("bench1",), profiles)
     assert LabShape.from_json(json.loads(json.dumps(shape.to_json()))) == shape
 
 
