@@ -98,8 +98,8 @@ def oom_message(tried_bytes: int, gpu_index: int, total: int, free: int, process
 
 
 def _mem(value: int) -> str:
-    """torch's format_size: GiB above 1 GiB, else MiB, two decimals."""
-    if value >= GiB:
+    """torch's format_size (CUDACachingAllocator.cpp): GiB above 1 GiB, else MiB, two decimals."""
+    if value > GiB:
         return f"{value / GiB:.2f} GiB"
     return f"{value / MiB:.2f} MiB"
 
