@@ -7,7 +7,8 @@ DOCUMENTATION = r"""
 module: model_stage
 short_description: Fetch a model into its staging directory with resumable rsync and verify it against the manifest
 description:
-  - Runs on the node. Pulls the model with rsync into C(.<revision>.staging) beside the promoted path, over SSH from
+  - Runs on the node. Pulls the model with rsync into C(.<revision>.staging) beside the promoted path (made if
+    missing, mode 0700; missing parents 0755), over SSH from
     the model-store host (O(src_host)) or from a path on the node itself (for example an NFS mount), then checks every
     file against the source manifest (missing, extra, wrong size, wrong sha256) and parses every safetensors header.
   - Resumable. rsync runs with C(--append-verify), so a transfer cut short (even by SIGKILL) keeps its bytes and
@@ -165,6 +166,12 @@ convert_bf16:
   description: Whether the staged model has BF16 weights that are to be converted.
   returned: always
   type: bool
+seconds:
+  description: Wall time of the transfer (rsync, files hashed as they arrive) and of what followed it (hashing the
+    rest, headers, repairs).
+  returned: when verified in this run
+  type: dict
+  sample: {transfer: 212.4, verify_after_transfer: 3.1}
 rsync_argv:
   description: The rsync command line used.
   returned: when rsync ran

@@ -24,6 +24,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -374,7 +375,8 @@ def scan_tree(root: str) -> Dict[str, int]:
     return found
 
 
-def sha256_file(path: str, chunk_bytes: int = HASH_CHUNK_BYTES) -> str:
+def sha256_file(path: str, chunk_bytes: int = HASH_CHUNK_BYTES, *, flush: bool = False) -> str:
+    """sha256 of a file; with `flush`, its data is also forced to disk (fsync) once read."""
     digest = hashlib.sha256()
     buffer = bytearray(chunk_bytes)
     view = memoryview(buffer)
@@ -384,6 +386,8 @@ def sha256_file(path: str, chunk_bytes: int = HASH_CHUNK_BYTES) -> str:
             if not count:
                 break
             digest.update(view[:count])  # hashlib releases the GIL here, so threads hash in parallel
+        if flush:
+            os.fsync(handle.fileno())
     return digest.hexdigest()
 
 
@@ -792,7 +796,8 @@ class _OverlappedHasher:
         path = os.path.join(self.root, relpath)
         try:
             before = stat_key(path)
-            digest = sha256_file(path)
+            # Flushing here, while rsync still moves later files, leaves promotion's fsync nothing to wait for.
+            digest = sha256_file(path, flush=True)
             return (before, digest) if stat_key(path) == before else None
         except OSError:
             return None
@@ -1111,12 +1116,15 @@ def stage_task(source: Optional[RsyncSource], staging: str, manifest: Manifest, 
                           "after": _diff_lines("", [entry.path for entry in manifest.files]),
                           "before_header": staging, "after_header": staging}
         return result
+    os.makedirs(os.path.dirname(staging), mode=0o755, exist_ok=True)
     os.makedirs(staging, mode=0o700, exist_ok=True)
     invalidate_verified(staging)
     moved = []
+    started = time.monotonic()
     if source is not None:
         moved.append(run_rsync(source, staging, manifest, workers=workers, bwlimit_kib=bwlimit_kib,
                                io_timeout_s=io_timeout_s, where=where, popen=popen))
+    transferred_at = time.monotonic()
     report = verify_tree(staging, manifest, workers=workers)
     if not report.ok and repair:
         removed = remove_files(staging, report.corrupt + report.extra)
@@ -1138,6 +1146,8 @@ def stage_task(source: Optional[RsyncSource], staging: str, manifest: Manifest, 
                         f"Run again to fetch the missing or corrupt files.")
     decision = _check_staged_headers(staging, manifest, read_dtypes, policy, where)
     mark_verified(staging, manifest)
+    result["seconds"] = {"transfer": round(transferred_at - started, 2),
+                         "verify_after_transfer": round(time.monotonic() - transferred_at, 2)}
     for stage in moved:
         result["transferred"] += stage.transferred
         result["bytes_received"] += stage.stats.bytes_received

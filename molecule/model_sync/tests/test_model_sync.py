@@ -12,6 +12,8 @@ from lab_testinfra import connect_verified, lab_hosts
 testinfra_hosts = lab_hosts("gpu_nodes")
 SSH_CONFIG = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "lab", "ssh_config")
 FP16_MODELS = ["chat", "big", "corrupt"]
+# Models synced from the other two kinds of source, and the store model each one holds.
+OTHER_SOURCES = {"from-controller": "chat", "from-share": "corrupt"}
 
 
 @functools.cache
@@ -32,6 +34,12 @@ def node_sha256(host, directory: str) -> dict:
 @pytest.mark.parametrize("name", FP16_MODELS)
 def test_promoted_model_is_byte_identical_to_the_source(host, name):
     expected = {entry["path"]: entry["sha256"] for entry in source_manifest(name)["files"]}
+    assert node_sha256(host, f"/data/models/{name}/rev1") == expected
+
+
+@pytest.mark.parametrize("name,original", sorted(OTHER_SOURCES.items()))
+def test_models_from_the_controller_and_a_node_path_are_byte_identical(host, name, original):
+    expected = {entry["path"]: entry["sha256"] for entry in source_manifest(original)["files"]}
     assert node_sha256(host, f"/data/models/{name}/rev1") == expected
 
 
