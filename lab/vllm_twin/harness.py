@@ -161,14 +161,20 @@ def stream(twin: Twin, path: str, body: dict, headers: Optional[dict] = None, ti
             result.events.append(response.read().decode())
             result.complete = True
             return result
+        # read1, not readline: http.client's readline hides a truncated chunked body (its peek swallows
+        # IncompleteRead), read1 raises it.
+        pending = b""
         while True:
-            line = response.readline()
-            if not line:
+            data = response.read1(65536)
+            if not data:
                 break
-            line = line.rstrip(b"\r\n")
-            if line.startswith(b"data: "):
-                result.events.append(line[6:].decode())
-                result.times.append(time.perf_counter())
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            now = time.perf_counter()
+            for line in lines:
+                if line.startswith(b"data: "):
+                    result.events.append(line[6:].rstrip(b"\r").decode())
+                    result.times.append(now)
         result.complete = True
     except (http.client.IncompleteRead, http.client.RemoteDisconnected, ConnectionError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
