@@ -38,6 +38,7 @@ test: unit lint molecule
 
 demo: venv fakenvml
 	$(ACT) bin/lab up
+	$(ACT) bin/lab wheelhouse && bin/lab seed-model
 	$(ACT) ansible-playbook -i inventory/lab site.yml
 
 bench: venv fakenvml

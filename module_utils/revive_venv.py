@@ -460,8 +460,10 @@ def write_marker(path: str, marker: dict) -> None:
 
 def ensure_venv(spec: VenvSpec, run: Runner, check_mode: bool, host: str) -> VenvResult:
     pins = parse_pins(spec.packages)
+    # In check mode the task copying the wheelhouse or the lock may not have run for real: what is missing is
+    # only fatal when something is to be built.
     lock_pins: List[Pin] = []
-    if spec.lock:
+    if spec.lock and (os.path.exists(spec.lock) or not check_mode):
         try:
             with open(spec.lock, encoding="utf-8") as handle:
                 lock_text = handle.read()
@@ -469,7 +471,7 @@ def ensure_venv(spec: VenvSpec, run: Runner, check_mode: bool, host: str) -> Ven
             raise VenvError(f"cannot read lock {spec.lock} on {host} ({error}); copy the lock to the node first") from None
         lock_pins = parse_lock(lock_text, spec.lock)
         check_lock_covers(pins, lock_pins, spec.lock)
-    if spec.source.type == "wheelhouse" and not os.path.isdir(spec.source.wheelhouse or ""):
+    if spec.source.type == "wheelhouse" and not os.path.isdir(spec.source.wheelhouse or "") and not check_mode:
         raise VenvError(f"wheelhouse {spec.source.wheelhouse} is not a directory on {host}; copy the wheels there "
                         "first (the roles copy the controller's wheelhouse; in the lab build it with "
                         "`bin/lab wheelhouse`)")

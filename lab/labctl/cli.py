@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import fleet
+from . import fleet, prepare, state
 from .errors import LabError
 from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, SUPPORT_HOSTS, build_shape, known_profiles, \
     parse_support_hosts
@@ -19,6 +19,8 @@ examples:
   bin/lab ssh node1 systemctl is-system-running   run a command on a lab host (or log in)
   bin/lab set-profile node2 v100-pcie-8x-degraded
   bin/lab down                                remove every host, namespace, link, mount and process
+  bin/lab wheelhouse                          .lab/wheelhouse: the wheels roles copy to nodes (PyPI once)
+  bin/lab seed-model                          the lab model onto model-store:/srv/models/tiny-chat/rev1
 then: ansible-playbook -i inventory/lab site.yml
 """
 
@@ -55,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("profile")
 
     sub.add_parser("profiles", help="list the GPU profiles (lab/profiles/*.json)")
+
+    sub.add_parser("wheelhouse", help="download the wheels the roles copy to nodes into .lab/wheelhouse (once)")
+    seed = sub.add_parser("seed-model", help="put the lab model (a tiny fixture) on the model-store host")
+    seed.add_argument("--name", default=prepare.MODEL_NAME, help=f"default {prepare.MODEL_NAME}")
+    seed.add_argument("--revision", default=prepare.MODEL_REVISION, help=f"default {prepare.MODEL_REVISION}")
     return p
 
 
@@ -79,6 +86,15 @@ def main(argv: list[str]) -> int:
             return 0
         if args.command == "set-profile":
             fleet.set_profile(paths, args.host, args.profile)
+            return 0
+        if args.command == "wheelhouse":
+            prepare.build_wheelhouse()
+            return 0
+        if args.command == "seed-model":
+            lab = state.load(paths.state_dir)
+            if lab is None or not fleet.lab_is_running(lab):
+                raise LabError(f"no running lab in {paths.state_dir}; start one with `bin/lab up`")
+            prepare.seed_model(lab, args.name, args.revision)
             return 0
         if args.command == "profiles":
             print("\n".join(known_profiles(fleet.PROFILES_DIR)))

@@ -109,5 +109,7 @@ def test_an_empty_group_still_exists_so_plays_for_it_just_skip():
 
 def test_molecule_scenarios_get_the_same_lab_variables_as_the_lab_inventory():
     base = yaml.safe_load((REPO / ".config/molecule/config.yml").read_text())
-    lab_vars = yaml.safe_load((REPO / "inventory/lab/group_vars/all/lab.yml").read_text())
+    lab_vars = {}
+    for path in sorted((REPO / "inventory/lab/group_vars/all").glob("*.yml")):
+        lab_vars.update(yaml.safe_load(path.read_text()))
     assert base["provisioner"]["inventory"]["group_vars"]["all"] == lab_vars

@@ -213,3 +213,9 @@ def test_a_missing_interpreter_is_named(tmp_path, wheelhouse):
                    source=Source("wheelhouse", wheelhouse=str(wheelhouse)))
     with pytest.raises(VenvError, match=r"the interpreter '/usr/bin/python3.99' does not run on node1"):
         ensure_venv(bad, Runner(), False, "node1")
+
+
+def test_check_mode_does_not_need_the_wheelhouse_or_lock_a_previous_task_would_copy(tmp_path):
+    checked = ensure_venv(spec(tmp_path / "venv", tmp_path / "not-copied-yet", lock=str(tmp_path / "lock.txt")),
+                          Runner(), True, "node1")
+    assert (checked.changed, checked.action) == (True, "create")

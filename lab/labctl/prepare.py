@@ -1,0 +1,108 @@
+"""What the playbooks need from the lab besides its hosts: a wheelhouse and a model on the model-store host.
+
+- `bin/lab wheelhouse`: the controller directory .lab/wheelhouse that roles copy to nodes, which reach no
+  package index (an air-gapped site's wheelhouse, in the lab): the probe venv's pins (read from the
+  gpu_preflight role's defaults, so they cannot drift) and, once lab/vllm_twin/build_wheelhouse.py exists,
+  the vLLM twin's wheels (it is called with the wheelhouse directory as its only argument).
+- `bin/lab seed-model`: the lab model - the tiny llama-2-7b-chat fixture of tests/fixtures/models.py (8 heads
+  of 64, so it can be planned) - under /srv/models/<name>/<revision> on the model-store host, written into
+  the host's root from here, atomically, and only when its content differs.
+"""
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from .errors import LabError
+from .state import LabState
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = REPO / ".lab/wheelhouse"
+PREFLIGHT_DEFAULTS = REPO / "roles/gpu_preflight/defaults/main.yml"
+TWIN_WHEELHOUSE_BUILDER = REPO / "lab/vllm_twin/build_wheelhouse.py"
+
+# Keep equal to inventory/lab/group_vars/all/revive.yml (a unit test checks).
+MODEL_NAME = "tiny-chat"
+MODEL_REVISION = "rev1"
+MODEL_FIXTURE = "llama-2-7b-chat"
+MODEL_STORE = "model-store"
+MODEL_STORE_ROOT = "srv/models"
+
+
+def probe_pins() -> list[str]:
+    defaults = yaml.safe_load(PREFLIGHT_DEFAULTS.read_text())
+    return list(defaults["gpu_preflight_probe_packages"])
+
+
+def wheel_present(directory: Path, pin: str) -> bool:
+    """A wheel for `name==version` is in `directory` (wheel file names use the normalised name with `_`)."""
+    name, version = pin.split("==", 1)
+    stem = f"{name.replace('-', '_').replace('.', '_').lower()}-{version}-"
+    return any(path.name.lower().startswith(stem) and path.suffix == ".whl" for path in directory.glob("*.whl"))
+
+
+def build_wheelhouse(dest: Path = WHEELHOUSE, log=print) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for pin in probe_pins():
+        if wheel_present(dest, pin):
+            continue
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                "--only-binary=:all:", "--dest", str(dest), pin]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise LabError(f"`{' '.join(argv)}` failed:\n{(proc.stderr or proc.stdout).strip()}\n"
+                           "The wheelhouse needs PyPI once; afterwards it is reused offline.")
+        log(f"lab: wheelhouse: downloaded {pin}")
+    if TWIN_WHEELHOUSE_BUILDER.exists():
+        argv = [sys.executable, str(TWIN_WHEELHOUSE_BUILDER), str(dest)]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise LabError(f"building the vLLM twin's wheels failed (`{' '.join(argv)}`):\n"
+                           f"{(proc.stderr or proc.stdout).strip()}")
+    wheels = sorted(path.name for path in dest.glob("*.whl"))
+    log(f"lab: wheelhouse {dest}: {len(wheels)} wheel(s): {', '.join(wheels)}")
+    return dest
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    if sorted(p.name for p in a.iterdir()) != sorted(p.name for p in b.iterdir()):
+        return False
+    return all(filecmp.cmp(a / name.name, b / name.name, shallow=False) for name in a.iterdir())
+
+
+def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVISION, log=print) -> Path:
+    """Write the lab model into the running model-store host's root; returns its path on that host."""
+    store = lab.host(MODEL_STORE)
+    if store is None:
+        raise LabError(f"this lab has no {MODEL_STORE} host (support hosts: "
+                       f"{', '.join(lab.shape.support_hosts) or 'none'}); `bin/lab up` with it first")
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.models import write_model
+
+    parent = Path(store.root) / MODEL_STORE_ROOT / name
+    dest = parent / revision
+    on_host = f"/{MODEL_STORE_ROOT}/{name}/{revision}"
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{revision}.", dir=parent))
+    try:
+        write_model(str(staging), MODEL_FIXTURE, size="tiny", dtype="F16")
+        for path in [staging, *staging.iterdir()]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        if dest.is_dir() and _same_tree(staging, dest):
+            log(f"lab: {MODEL_STORE}:{on_host} already holds the lab model")
+            return Path(on_host)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(staging, dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    log(f"lab: seeded {MODEL_STORE}:{on_host} ({MODEL_FIXTURE} tiny fixture, FP16)")
+    return Path(on_host)
