@@ -4,7 +4,9 @@ The field notes' method: `concurrency` users start together; each sends a chat r
 256 tokens, max_tokens=200, streaming), reads the SSE stream to `[DONE]` and immediately sends the next
 one. TTFT is the time to the first chunk whose `delta.content` is non-empty (the role-only chunk does not
 count, reference/loadtest-tools.md §4); E2E is the time to `[DONE]`; the token count is the stream's
-`usage.completion_tokens` (requested with stream_options.include_usage).
+`usage.completion_tokens` (requested with stream_options.include_usage). Latencies are taken over the
+requests sent and finished inside the measured window; the generation throughput counts the tokens that
+arrived inside it (by the running usage), so requests cut by the window's edges do not bias it.
 
 With a time scale s (VLLM_SIM_TIME_SCALE on the twin), every measured duration is divided by s so the
 numbers are in simulated seconds; the same scale applies to the level durations.
@@ -36,6 +38,19 @@ def field_prompt(rng: random.Random) -> Tuple[str, int]:
     else:
         words = rng.randint(110, 240)
     return " ".join(rng.choice(WORDS) for _ in range(words)), words
+
+
+@dataclass
+class Window:
+    """Tokens that arrived between `start` and `end` (perf_counter): throughput without edge effects."""
+
+    start: float
+    end: float
+    tokens: int = 0
+
+    def add(self, now: float, count: int) -> None:
+        if self.start <= now <= self.end:
+            self.tokens += count
 
 
 @dataclass
@@ -94,7 +109,8 @@ async def _read_chunked_events(reader: asyncio.StreamReader):
                 yield event[6:]
 
 
-async def _one(host: str, port: int, conn: List, body: bytes, scale: float, record: Record) -> None:
+async def _one(host: str, port: int, conn: List, body: bytes, scale: float, record: Record,
+               window: Optional[Window] = None) -> None:
     if conn[0] is None:
         conn[0] = await asyncio.open_connection(host, port)
     reader, writer = conn[0]
@@ -133,6 +149,8 @@ async def _one(host: str, port: int, conn: List, body: bytes, scale: float, reco
             record.last_token = now
         usage = chunk.get("usage")
         if usage:
+            if window is not None and usage["completion_tokens"] > record.tokens:
+                window.add(now, usage["completion_tokens"] - record.tokens)
             record.tokens = usage["completion_tokens"]
 
 
@@ -146,6 +164,7 @@ async def run_level(url: str, model: str, concurrency: int, seconds: float, warm
     start = time.perf_counter()
     measure_from = start + warmup * scale
     stop_at = measure_from + seconds * scale
+    window = Window(measure_from, stop_at)
 
     async def user() -> None:
         conn: List = [None]
@@ -158,7 +177,7 @@ async def run_level(url: str, model: str, concurrency: int, seconds: float, warm
             record = Record(sent=time.perf_counter())
             records.append(record)
             try:
-                await _one(host, port, conn, body, scale, record)
+                await _one(host, port, conn, body, scale, record, window)
             except (ConnectionError, asyncio.IncompleteReadError, OSError, ValueError) as exc:
                 record.error = f"{type(exc).__name__}: {exc}"
                 if conn[0] is not None:
@@ -169,13 +188,14 @@ async def run_level(url: str, model: str, concurrency: int, seconds: float, warm
             conn[0][1].close()
 
     await asyncio.gather(*(user() for _ in range(concurrency)))
+    tokens_window = window
     window = [r for r in records if r.sent >= measure_from and r.ok and r.sent + r.e2e * scale <= stop_at]
     failures = sum(1 for r in records if r.sent >= measure_from and not r.ok)
     ttft = [r.ttft for r in window if r.ttft is not None]
     e2e = [r.e2e for r in window]
     decode = [(r.tokens - 1) / ((r.last_token - r.sent) / scale - r.ttft) for r in window
               if r.tokens > 1 and r.ttft is not None and (r.last_token - r.sent) / scale > r.ttft]
-    throughput = sum(r.tokens for r in window) / seconds
+    throughput = tokens_window.tokens / seconds if seconds else 0.0
     return LevelStats(concurrency=concurrency, requests=len(window), failures=failures,
                       ttft_p50=percentile(ttft, 50), ttft_p95=percentile(ttft, 95), e2e_p50=percentile(e2e, 50),
                       e2e_p95=percentile(e2e, 95), throughput=throughput,

@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO / "lab" / "vllm_twin" / "src"))
 
 from vllm._twin import perf, vlog  # noqa: E402
 from vllm._twin.calibrate import run_level  # noqa: E402
-from vllm._twin.engine import Engine, EngineConfig, EngineDeadError, SamplingParams, decode_contexts  # noqa: E402
+from vllm._twin.engine import Engine, EngineConfig, EngineDeadError, SamplingParams  # noqa: E402
 from vllm._twin.settings import Settings  # noqa: E402
 from vllm._twin.runner import Runner  # noqa: E402
 

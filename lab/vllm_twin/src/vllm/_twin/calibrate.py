@@ -60,7 +60,7 @@ class LevelResult:
     ttft_p95: float
     e2e_p50: float
     e2e_p95: float
-    throughput: float           # generated tokens / s over the measured window
+    throughput: float           # tokens generated inside the measured window / its length
     per_stream_decode: float    # mean over requests of (N - 1) / (E2E - TTFT)
     per_stream_total: float     # throughput / concurrency
     mean_output_tokens: float
@@ -98,11 +98,15 @@ def run_level(engine_config: EngineConfig, perf: PerfModel, concurrency: int, du
     waiting_samples: List[int] = []
     preemptions = 0
 
+    window_tokens = [0]
+
     def make_sink(record: RequestRecord, client: int):
         def sink(group: SequenceGroup, events: List[TokenEvent]) -> None:
             for event in events:
                 if event.token_id >= 0:
                     record.tokens = event.num_output_tokens
+                    if warmup <= clock[0] <= end:
+                        window_tokens[0] += 1
                     if record.first_token is None and event.delta_text:
                         record.first_token = clock[0]
                 if event.finish_reason is not None:
@@ -142,8 +146,7 @@ def run_level(engine_config: EngineConfig, perf: PerfModel, concurrency: int, du
     e2e = [r.done - r.sent for r in window]
     decode_speeds = [(r.tokens - 1) / (r.done - r.first_token) for r in window
                      if r.first_token is not None and r.tokens > 1 and r.done > r.first_token]
-    generated = sum(r.tokens for r in window)
-    throughput = generated / duration
+    throughput = window_tokens[0] / duration
     return LevelResult(
         concurrency=concurrency, duration=duration, requests=len(window),
         ttft_p50=percentile(ttft, 50), ttft_p95=percentile(ttft, 95),
