@@ -80,7 +80,7 @@ headline:
   returned: always
   type: str
 hosts:
-  description: Per host - status (fit, quarantined, failed, not probed), reasons, warnings, release.
+  description: Per host - status (fit, quarantined, failed, not probed), reasons, warnings, unfit_checks, release.
   returned: always
   type: dict
 total:

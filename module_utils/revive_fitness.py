@@ -381,6 +381,7 @@ class HostLine:
     reasons: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     release: Optional[str] = None
+    unfit_checks: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -441,7 +442,8 @@ class FleetSummary:
                 "max_unfit_percent": self.max_unfit_percent, "exceeded": self.exceeded,
                 "policy_message": self.policy_message,
                 "hosts": {line.host: {"status": line.status, "reasons": line.reasons, "warnings": line.warnings,
-                                      "release": line.release} for line in self.hosts}}
+                                      "unfit_checks": line.unfit_checks, "release": line.release}
+                          for line in self.hosts}}
 
 
 def fleet_summary(hosts: List[str], results: Dict[str, Optional[dict]], max_unfit_percent: float) -> FleetSummary:
@@ -460,5 +462,6 @@ def fleet_summary(hosts: List[str], results: Dict[str, Optional[dict]], max_unfi
             lines.append(HostLine(host, NOT_PROBED, warnings=[result.get("note") or "not probed"]))
         else:
             lines.append(HostLine(host, FIT if result.get("fit") else QUARANTINED, list(result.get("reasons") or []),
-                                  list(result.get("warnings") or []), result.get("release")))
+                                  list(result.get("warnings") or []), result.get("release"),
+                                  list(result.get("unfit_checks") or [])))
     return FleetSummary(lines, float(max_unfit_percent))

@@ -5,6 +5,7 @@ from ansible.module_utils.revive_fitness import fleet_summary
 
 FIT = {"fit": True, "reasons": [], "warnings": [], "release": "vLLM 0.5.4, 2 x TP 4"}
 DEGRADED = {"fit": False, "warnings": [], "release": "vLLM 0.5.4, 2 x TP 4",
+            "unfit_checks": ["pcie_width", "retired_pages_pending"],
             "reasons": ["GPU 1 (00000000:1B:00.0): page retirement pending", "GPU 3 (00000000:3E:00.0): x8 of x16"]}
 
 
@@ -21,6 +22,8 @@ def test_one_quarantined_node_of_three_is_within_a_fifty_percent_policy():
         "  unfit: GPU 3 (00000000:3E:00.0): x8 of x16",
     ]
     assert summary.policy_message.startswith("fleet policy met: 2 fit, 1 quarantined")
+    assert summary.as_dict()["hosts"]["node3"]["unfit_checks"] == ["pcie_width", "retired_pages_pending"]
+    assert summary.as_dict()["counts"] == {"fit": 2, "quarantined": 1, "failed": 0, "not_probed": 0}
 
 
 def test_the_policy_stops_the_fleet_when_too_many_nodes_are_unfit():
