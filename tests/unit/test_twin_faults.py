@@ -253,3 +253,23 @@ def test_invalid_knob_values_stop_the_twin_with_a_message(models, tmp_path):
                  wait=False)
     assert twin.process.wait(30) == 2
     assert "VLLM_SIM_FAULT_ERROR_RATE='2': expected a fraction between 0 and 1" in twin.log()
+
+
+def test_stopping_before_draining_loses_the_open_streams_and_draining_first_loses_none(models, tmp_path):
+    """The twin side of a rolling re-provision (reference/lb-and-rolling.md §0.7): drain, wait, then stop."""
+    (tmp_path / "drained").mkdir()
+    drained = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "drained")
+    threads, results = open_streams(drained, 3, max_tokens=300)
+    for thread in threads:  # the front door sends nothing new; the in-flight streams run out
+        thread.join(20)
+    assert drained.stop() == 0
+    assert all(r.complete and r.events[-1] == "[DONE]" for r in results)
+    (tmp_path / "undrained").mkdir()
+    undrained = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "undrained")
+    threads, results = open_streams(undrained, 3)
+    time.sleep(0.2)  # default mode: no vllm:* metrics to watch (0.5.4's /metrics bug)
+    assert undrained.stop() == 0
+    for thread in threads:
+        thread.join(20)
+    for result in results:
+        assert_cut(result)
