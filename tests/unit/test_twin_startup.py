@@ -193,3 +193,26 @@ def test_cuda_graphs_are_captured_when_there_is_room(models, tmp_path):
         assert "Graph capturing finished in" in log
     finally:
         twin.stop()
+
+
+def test_cuda_visible_devices_and_device_order_select_gpus_like_cuda():
+    sys.path.insert(0, str(REPO / "lab" / "vllm_twin" / "src"))
+    from vllm._twin.gpus import Gpu, order_and_visibility
+
+    def gpu(index, bus, cc=(7, 0)):
+        return Gpu(index, "Tesla V100-PCIE-32GB", f"GPU-{index:02d}aa-{bus}", f"00000000:{bus}:00.0", cc, "volta",
+                   1 << 35, 1 << 35, 0)
+
+    gpus = [gpu(0, "1A"), gpu(1, "1B"), gpu(2, "3D", (8, 0)), gpu(3, "3E")]
+
+    def visible(**env):
+        return [g.nvml_index for g in order_and_visibility(gpus, env)]
+
+    assert visible() == [2, 0, 1, 3]                                  # FASTEST_FIRST: the CC 8.0 card first
+    assert visible(CUDA_DEVICE_ORDER="PCI_BUS_ID") == [0, 1, 2, 3]
+    assert visible(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES="3,1") == [3, 1]
+    assert visible(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES="1,7,2") == [1]  # stops at an invalid entry
+    assert visible(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES="0,0,1") == [0]  # and at a duplicate
+    assert visible(CUDA_VISIBLE_DEVICES="GPU-03aa,GPU-00") == [3, 0]                       # unique UUID prefixes
+    assert visible(CUDA_VISIBLE_DEVICES="GPU-03aa,GPU-0") == [3]                           # an ambiguous one ends it
+    assert visible(CUDA_VISIBLE_DEVICES="") == [] and visible(CUDA_VISIBLE_DEVICES="-1") == []
