@@ -46,7 +46,7 @@ class SamplingParams:
 
 
 @dataclass
-class Sequence_:
+class GeneratedSequence:
     index: int
     source: TokenSource
     output_ids: List[int] = field(default_factory=list)
@@ -78,7 +78,7 @@ class SequenceGroup:
     params: SamplingParams
     arrival_time: float
     sink: Callable[["SequenceGroup", List[TokenEvent]], None]
-    seqs: List[Sequence_] = field(default_factory=list)
+    seqs: List[GeneratedSequence] = field(default_factory=list)
     state: str = WAITING
     blocks: int = 0            # KV blocks held (GPU when running, CPU when swapped)
     computed_tokens: int = 0   # prompt tokens already prefilled (chunked prefill, recompute)
@@ -87,7 +87,7 @@ class SequenceGroup:
     first_token_time: Optional[float] = None
     aborted: bool = False
 
-    def live_seqs(self) -> List[Sequence_]:
+    def live_seqs(self) -> List[GeneratedSequence]:
         return [s for s in self.seqs if not s.finished]
 
     def max_running_seqs(self) -> int:
@@ -191,7 +191,7 @@ class Engine:
             seed = sequence_seed(*base, index)
             source = (TokenSource.create(seed, median=answer_median) if answer_median
                       else TokenSource.create(seed))
-            seqs.append(Sequence_(index=index, source=source))
+            seqs.append(GeneratedSequence(index=index, source=source))
         group = SequenceGroup(request_id=request_id, prompt_len=prompt_len, params=params,
                               arrival_time=arrival_time, sink=sink, seqs=seqs, last_token_time=arrival_time,
                               prefill_target=prompt_len)
