@@ -26,11 +26,11 @@ def run_playbook(repo, tmp_path, plays: list, *args: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
-def task_result(report: dict, name: str) -> dict:
+def task_result(report: dict, name: str, host: str = "localhost") -> dict:
     for play in report["plays"]:
         for task in play["tasks"]:
             if task["task"]["name"] in (name, f"gpu_preflight : {name}"):
-                return task["hosts"]["localhost"]
+                return task["hosts"][host]
     raise AssertionError(f"task {name!r} did not run")
 
 
@@ -59,18 +59,19 @@ def test_gpu_fitness_finds_the_degraded_nodes_four_faults(repo, tmp_path):
 
 
 def summary_play(results: list, max_unfit_percent: int) -> list:
-    """The role's summary entry point on localhost, as playbooks/preflight.yml runs it, over fixed results."""
-    return [{"name": "Summary", "hosts": "localhost", "gather_facts": False, "any_errors_fatal": True,
-             "vars": {"gpu_nodes_results": results},
-             "tasks": [
-                 {"name": "Stand in for the GPU nodes' results",
-                  "ansible.builtin.add_host": {"name": "{{ item.host }}", "groups": "gpu_nodes",
-                                               "gpu_preflight_result": "{{ item }}"},
-                  "loop": "{{ gpu_nodes_results }}"},
-                 {"name": "Summarise", "ansible.builtin.include_role": {
-                     "name": "gpu_preflight", "tasks_from": "summary.yml"},
-                  "vars": {"gpu_preflight_max_unfit_percent": max_unfit_percent}}]},
-            {"name": "Later play", "hosts": "localhost", "gather_facts": False,
+    """The role's summary entry point as playbooks/preflight.yml runs it (a play on the GPU nodes, its tasks once
+    on the controller), over fixed results of two stand-in nodes."""
+    return [{"name": "Stand-in GPU nodes", "hosts": "localhost", "gather_facts": False,
+             "tasks": [{"name": "Add them with their preflight results",
+                        "ansible.builtin.add_host": {"name": "{{ item.host }}", "groups": "gpu_nodes",
+                                                     "ansible_connection": "local",
+                                                     "gpu_preflight_result": "{{ item }}"},
+                        "loop": results}]},
+            {"name": "Summary", "hosts": "gpu_nodes", "gather_facts": False, "any_errors_fatal": True,
+             "tasks": [{"name": "Summarise", "ansible.builtin.include_role": {
+                 "name": "gpu_preflight", "tasks_from": "summary.yml"},
+                 "vars": {"gpu_preflight_max_unfit_percent": max_unfit_percent}}]},
+            {"name": "Later play", "hosts": "gpu_nodes", "gather_facts": False,
              "tasks": [{"name": "Would provision", "ansible.builtin.debug": {"msg": "provisioning"}}]}]
 
 
@@ -82,19 +83,19 @@ UNFIT = {"host": "node2", "probed": True, "fit": False, "reasons": ["GPU 5 (0000
 def test_the_summary_shows_every_node_and_lets_the_run_go_on_within_the_policy(repo, tmp_path):
     rc, report = run_playbook(repo, tmp_path, summary_play([FIT, UNFIT], 50))
     assert rc == 0
-    assert task_result(report, "Show the preflight summary")["msg"] == [
+    assert task_result(report, "Show the preflight summary", "node1")["msg"] == [
         "1 fit, 1 quarantined, 0 failed of 2 GPU node(s): 50 % unfit, policy allows at most 50 % "
         "(revive_max_unfit_percent)",
         "node1: FIT - vLLM 0.5.4",
         "node2: QUARANTINED - vLLM 0.5.4",
         "  unfit: GPU 5 (00000000:89:00.0): 2 uncorrected ECC",
     ]
-    assert task_result(report, "Would provision")["msg"] == "provisioning"
+    assert task_result(report, "Would provision", "node2")["msg"] == "provisioning"
 
 
 def test_the_policy_stops_the_run_before_any_later_play(repo, tmp_path):
     rc, report = run_playbook(repo, tmp_path, summary_play([FIT, UNFIT], 40))
-    policy = task_result(report, "Apply the fleet policy (revive_max_unfit_percent)")
+    policy = task_result(report, "Apply the fleet policy (revive_max_unfit_percent)", "node1")
     assert rc == 2
     assert policy["failed"] is True
     assert policy["msg"].startswith("fleet policy: stopping before anything is provisioned: 1 fit, 1 quarantined, "
