@@ -219,3 +219,20 @@ def test_check_mode_does_not_need_the_wheelhouse_or_lock_a_previous_task_would_c
     checked = ensure_venv(spec(tmp_path / "venv", tmp_path / "not-copied-yet", lock=str(tmp_path / "lock.txt")),
                           Runner(), True, "node1")
     assert (checked.changed, checked.action) == (True, "create")
+
+
+def test_a_mirror_index_is_used_by_url(tmp_path, wheelhouse, template):
+    """An internal mirror is a PEP 503 simple index; a file:// one stands in for http://pypi.internal/simple."""
+    project = tmp_path / "simple" / "tinypkg"
+    project.mkdir(parents=True)
+    wheel = wheelhouse / "tinypkg-1.1-py3-none-any.whl"
+    shutil.copy(wheel, project / wheel.name)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body></html>\n')
+    (tmp_path / "simple" / "index.html").write_text('<html><body><a href="tinypkg/">tinypkg</a></body></html>\n')
+    mirror = Source("mirror", index_url=(tmp_path / "simple").as_uri(), trusted_host="pypi.internal")
+    run = Runner(template)
+    result = ensure_venv(VenvSpec(path=str(tmp_path / "venv"), python=PYTHON, packages=["tinypkg==1.1"],
+                                  source=mirror), run, False, "node1")
+    assert result.installed == {"tinypkg": "1.1"}
+    assert run.pip_installs()[0][-5:] == ["--index-url", (tmp_path / "simple").as_uri(), "--trusted-host",
+                                          "pypi.internal", "tinypkg==1.1"]
