@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""Sample the front door's servers during a roll: how many GPU nodes serve at every moment (lab tooling).
+
+Runs on the LB host with the system python3 and `revive_haproxy.py` (module_utils/revive_haproxy.py) beside it.
+Every `--interval` seconds it reads the backend's servers through the runtime API; a node serves while at least
+one of its servers takes new requests (READY and not DOWN). Until `--stop-file` exists; then it writes the
+minimum, the samples taken and every change of state as JSON.
+
+    lbwatch.py --nodes '{"node1": ["node1-vllm-0", "node1-vllm-1"], ...}' --stop-file /run/lbwatch.stop \
+               --out /var/tmp/lbwatch.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from revive_haproxy import HAProxyError, list_servers, socket_sender  # noqa: E402
+
+
+def serving_nodes(nodes: Dict[str, List[str]], serving: Dict[str, bool]) -> List[str]:
+    return sorted(node for node, servers in nodes.items() if any(serving.get(name, False) for name in servers))
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--socket", default="/run/haproxy/admin.sock")
+    parser.add_argument("--backend", default="vllm")
+    parser.add_argument("--nodes", required=True, help="JSON: node -> its server names")
+    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    nodes: Dict[str, List[str]] = json.loads(args.nodes)
+    send = socket_sender(args.socket)
+    started = time.time()
+    samples = 0
+    errors: List[str] = []
+    minimum = len(nodes)
+    changes: List[dict] = []
+    last = None
+    while not os.path.exists(args.stop_file):
+        try:
+            servers = list_servers(send, args.backend)
+        except HAProxyError as error:
+            errors.append(f"{round(time.time() - started, 2)}: {error}")
+            time.sleep(args.interval)
+            continue
+        samples += 1
+        serving = {name: state.serving() for name, state in servers.items()}
+        up = serving_nodes(nodes, serving)
+        minimum = min(minimum, len(up))
+        view = {name: f"{state.mode}/{state.status}" for name, state in sorted(servers.items())}
+        if view != last:
+            changes.append({"t": round(time.time() - started, 2), "serving_nodes": up, "servers": view})
+            last = view
+        time.sleep(args.interval)
+    summary = {"samples": samples, "duration_s": round(time.time() - started, 2), "min_serving_nodes": minimum,
+               "nodes": sorted(nodes), "changes": changes, "errors": errors[:20]}
+    temporary = args.out + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as out:
+        json.dump(summary, out, indent=1)
+    os.replace(temporary, args.out)
+    print(json.dumps({k: summary[k] for k in ("samples", "min_serving_nodes")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
