@@ -8,7 +8,7 @@ module: vllm_warmup
 short_description: Warm up one vLLM replica on the node and write the hand-over report
 description:
   - Proves that a vLLM replica (0.5.4's OpenAI-compatible server) is ready for traffic, on the node itself, before
-    the front door sends it anything. The first requests after a cold start are slow (field notes, failure 5:
+    the front door sends it anything. The first requests after a cold start are slow (field notes, failure 5 -
     10+ s), and C(/health) answers long before that.
   - Waits for C(GET /health) = 200 until O(health_timeout) while watching O(unit) with
     C(systemctl show -p ActiveState,SubState,NRestarts,ExecMainStatus,InvocationID). A unit that fails, waits
@@ -16,7 +16,7 @@ description:
     C(journalctl -u UNIT), instead of waiting out the deadline.
   - Checks that C(/v1/models) lists O(served_model_name), reads C(/version) (the lab's twin says it is simulated).
   - Sends at least O(requests) streamed requests, O(concurrency) at a time, from bundled realistic prompts or
-    O(prompts). Each must answer HTTP 200 with text, C(data: [DONE]), a C(finish_reason) and sane usage.
+    O(prompts). Each must answer HTTP 200 with text, C(data - [DONE]), a C(finish_reason) and sane usage.
     TTFT (first content-bearing event; the chat role-only chunk does not count), TPOT and end-to-end latency
     are recorded per request.
   - "Settle rule: with w = O(settle.window), the median of O(settle.metric) over the last w answers (in

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Dict, List
 
+# Deployed: the module_utils file lies beside this script; in the repository it is ../../module_utils.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "module_utils"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from revive_haproxy import HAProxyError, list_servers, socket_sender  # noqa: E402

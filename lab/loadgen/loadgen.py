@@ -2,8 +2,8 @@
 """Closed-loop load through the front door, counting every request a client would call failed (lab tooling).
 
 Runs on the bench host with the system python3 and `revive_sse.py` (module_utils/revive_sse.py) beside it.
-`--concurrency` clients each send a streamed chat request, read it to the end, and send the next one at once,
-until `--stop-file` exists or `--duration` seconds passed; then the requests in flight finish and the summary is
+`--concurrency` clients each send a streamed chat request, read it to the end, wait `--think-time` seconds and
+send the next one (a closed loop), until `--stop-file` exists or `--duration` seconds passed; then the requests in flight finish and the summary is
 written as JSON. A request fails when the answer is not HTTP 200, is cut (a truncated chunked body), lacks
 `data: [DONE]` or a finish_reason, or has no text or usage (reference/lb-and-rolling.md §4.1): the client never
 retries, so nothing the front door lets through is hidden.
@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+# Deployed: the module_utils file lies beside this script; in the repository it is ../../module_utils.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "module_utils"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from revive_sse import Endpoint, StreamRequest, stream  # noqa: E402
@@ -75,6 +77,8 @@ class Load:
                                     messages=[{"role": "user", "content": PROMPTS[sequence % len(PROMPTS)]}],
                                     prompt=PROMPTS[sequence % len(PROMPTS)])
             sequence += self.args.concurrency
+            if self.args.think_time and self.stop.wait(self.args.think_time):
+                break
             sent_at = time.time()
             result = stream(self.endpoint, request)
             server = result.headers.get(self.args.served_by_header.lower(), "")
@@ -109,6 +113,7 @@ class Load:
 
     def summary(self) -> dict:
         return {"host": self.args.host, "port": self.args.port, "concurrency": self.args.concurrency,
+                "think_time_s": self.args.think_time,
                 "max_tokens": self.args.max_tokens, "duration_s": round(time.time() - self.started, 2),
                 "sent": self.sent, "ok": self.ok, "failed": self.failed, "truncated": self.truncated,
                 "without_done": self.no_done, "http_errors": self.http_errors, "by_server": self.by_server,
@@ -127,6 +132,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--kind", choices=["chat", "completions"], default="chat")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--think-time", type=float, default=0.0, help="seconds between a client's requests")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until --stop-file exists")
     parser.add_argument("--stop-file", default="")

@@ -1,0 +1,57 @@
+"""The front door after the rolls: HAProxy enabled and valid, every replica of the fleet UP, runtime states kept
+across a reload."""
+from __future__ import annotations
+
+from lab_testinfra import lab_hosts
+
+testinfra_hosts = lab_hosts("lb")
+REPLICAS = ("vllm-0", "vllm-1")
+RUNTIME = ("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
+           "s.sendall(b'{command}\\n'); print(b''.join(iter(lambda: s.recv(65536), b'')).decode())\"")
+
+
+def runtime(host, command: str) -> str:
+    return host.check_output(RUNTIME.format(command=command))
+
+
+def servers(host) -> dict:
+    lines = [line for line in runtime(host, "show stat vllm 4 -1").splitlines() if line.strip()]
+    header = lines[0].lstrip("# ").split(",")
+    return {row["svname"]: row for row in (dict(zip(header, line.split(","))) for line in lines[1:])}
+
+
+def expected_servers() -> set:
+    return {f"{node}-{replica}" for node in lab_hosts("gpu_nodes") for replica in REPLICAS}
+
+
+def test_haproxy_is_enabled_running_and_its_configuration_valid(host):
+    service = host.service("haproxy")
+    assert service.is_enabled and service.is_running, host.check_output("journalctl -u haproxy -n 30 --no-pager")
+    assert host.run("haproxy -c -f /etc/haproxy/haproxy.cfg").rc == 0
+    config = host.file("/etc/haproxy/haproxy.cfg").content_string
+    for line in ("balance leastconn", "option http-server-close", "retry-on conn-failure empty-response",
+                 "option redispatch", "option httpchk GET /health", "timeout queue 120s", "timeout server 180s",
+                 "load-server-state-from-file global", "stats socket /run/haproxy/admin.sock mode 660 level admin",
+                 "http-response set-header X-Revive-Server %s"):
+        assert f"    {line}\n" in config, line
+    for name in expected_servers():
+        assert f"    server {name} " in config and f"{name} " in config
+    # every replica: the plan's 16 streams (<= --max-num-seqs 64), and in maintenance until handed over
+    assert config.count(" maxconn 16 disabled\n") == len(expected_servers())
+
+
+def test_every_replica_serves_after_the_rolls(host):
+    states = servers(host)
+    assert {name: states[name]["status"] for name in expected_servers()} == {name: "UP" for name in expected_servers()}
+
+
+def test_a_reload_keeps_runtime_states(host):
+    server = f"{lab_hosts('gpu_nodes')[0]}-vllm-1"
+    runtime(host, f"set server vllm/{server} state drain")
+    try:
+        host.check_output("systemctl reload haproxy")
+        assert servers(host)[server]["status"] == "DRAIN"
+        assert host.file("/var/lib/haproxy/server-state").contains(f" {server} ")
+    finally:
+        runtime(host, f"set server vllm/{server} state ready")
+    assert servers(host)[server]["status"].startswith("UP")
