@@ -22,8 +22,9 @@ description:
     keys, and without FlashAttention below compute capability 8.0) and names the venv
     C(<version>-<hash of pins and interpreter>), after checking that O(python) runs and satisfies the
     release's Python pin.
-  - V(journal) returns the last O(lines) journal messages of each unit in O(units) from its last run, with the
-    O(redact) strings masked - the excerpt a rollback's failure message quotes.
+  - V(journal) returns the last O(lines) journal messages of each unit in O(units) from one run, with the
+    O(redact) strings masked - the excerpt a rollback's failure message quotes. With O(since_usec) it is the
+    first run that began after that time (the start that failed, not a later automatic restart), else the last.
 version_added: "0.1.0"
 author:
   - revive project
@@ -124,6 +125,10 @@ options:
     description: Messages per unit; for V(journal).
     type: int
     default: 40
+  since_usec:
+    description: For V(journal) - when the switch began (CLOCK_REALTIME, microseconds, C(date +%s%6N)); 0 means none.
+    type: int
+    default: 0
   redact:
     description: Strings to mask in the excerpt (the API key); never logged.
     type: list
@@ -200,16 +205,17 @@ last_failure: {description: "The last failed release: release, message, at, rest
 is_current: {description: Whether the desired release is already the current one (nothing to restart for it)., returned: when state is query, type: bool}
 stale_units: {description: Units of the current release that the desired one drops., returned: when state is query, type: list, elements: str}
 target:
-  description: The release to restore (null when there is none); with C(failed), the release that failed.
+  description: The release to restore (null when there is none).
   returned: when state is rollback_target
   type: dict
-failed: {description: The failed release when it was the recorded current one., returned: when state is rollback_target, type: dict}
+failed_release: {description: "The failed release when it was the recorded current one (null otherwise; not C(failed), which Ansible reserves).", returned: when state is rollback_target, type: dict}
 removed: {description: Venvs removed (or, in check mode, to be removed)., returned: when state is prune, type: list, elements: str}
 packages: {description: The exact pins of the release venv., returned: when state is venv_spec, type: list, elements: str, sample: ["torch==2.4.0", "vllm==0.5.4", "xformers==0.0.27.post2"]}
 notes: {description: What was left out of the pins and why., returned: when state is venv_spec, type: list, elements: str}
 name: {description: The venv's directory name., returned: when state is venv_spec, type: str, sample: 0.5.4-3f9a1c2e}
 flash_attention_excluded: {description: Whether FlashAttention is kept out (compute capability below 8.0)., returned: when state is venv_spec, type: bool}
 journal: {description: "Per unit, the messages of its last run (V(journal)).", returned: when state is journal, type: dict, sample: {vllm-0.service: ["ValueError: No available memory for the cache blocks. ..."]}}
+python: {description: The interpreter checked (O(python))., returned: when state is venv_spec, type: str, sample: /usr/bin/python3.11}
 python_version: {description: Version of O(python)., returned: when state is venv_spec, type: str, sample: "3.11.2"}
 """
 
@@ -315,12 +321,14 @@ def venv_spec(module: AnsibleModule, plan: dict, python: str, extra: list) -> di
     cc = (plan.get("gpu") or {}).get("compute_capability")
     packages, notes = venv_packages(pins, cc, extra)
     return {"packages": packages, "notes": notes, "name": venv_name(str(plan["vllm_version"]), packages, python),
-            "python_version": version, "flash_attention_excluded": cc_below_8(cc)}
+            "python": python, "python_version": version, "flash_attention_excluded": cc_below_8(cc)}
 
 
-def unit_journal(module: AnsibleModule, unit: str, lines: int, redact: list) -> list:
-    # Enough entries to hold the last run whole: each run logs a few dozen lines at start.
-    rc, out, err = module.run_command(["journalctl", "--no-pager", "-o", "json", "-u", unit, "-n", str(max(lines, 1) * 10)])
+def unit_journal(module: AnsibleModule, unit: str, lines: int, redact: list, since_usec: int) -> list:
+    # Not `--since`: which run began after the switch is told by where each run's first entry lies, so the
+    # runs must be seen from their start. Enough entries for the old run, the failed start and a few restarts.
+    argv = ["journalctl", "--no-pager", "-o", "json", "-u", unit, "-n", str(max(lines, 1) * 50)]
+    rc, out, err = module.run_command(argv)
     if rc != 0:
         return [f"(journalctl -u {unit} failed: {(err or out).strip()[-200:]})"]
     entries = []
@@ -329,7 +337,7 @@ def unit_journal(module: AnsibleModule, unit: str, lines: int, redact: list) -> 
             entries.append(json.loads(line))
         except ValueError:
             continue
-    return journal_excerpt(entries, lines, redact)
+    return journal_excerpt(entries, lines, redact, since_usec)
 
 
 def now_utc() -> str:
@@ -359,6 +367,7 @@ def main() -> None:
             "protect": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "lines": {"type": "int", "default": 40},
+            "since_usec": {"type": "int", "default": 0},
             "redact": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },
         required_if=[("state", "query", ("plan", "venv")), ("state", "venv_spec", ("plan", "python")), ("state", "promote", ("release",)),
@@ -381,11 +390,12 @@ def main() -> None:
             module.exit_json(changed=False, **venv_spec(module, params["plan"], params["python"],
                                                         params["extra_packages"]))
         if state == "journal":
-            module.exit_json(changed=False, journal={unit: unit_journal(module, unit, params["lines"], params["redact"])
-                                                     for unit in params["units"]})
+            module.exit_json(changed=False, journal={
+                unit: unit_journal(module, unit, params["lines"], params["redact"], params["since_usec"])
+                for unit in params["units"]})
         if state == "rollback_target":
             choice = rollback_target(record, params["failed_id"])
-            module.exit_json(changed=False, target=choice.target, failed=choice.failed, **base)
+            module.exit_json(changed=False, target=choice.target, failed_release=choice.failed, **base)
         if state == "prune":
             root = params["venvs_root"]
             venvs = []

@@ -506,19 +506,32 @@ def _message(entry: Dict[str, Any]) -> str:
     return str(message if message is not None else "")
 
 
-def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Sequence[str] = ()) -> List[str]:
-    """The last `lines` messages of a unit's last run, from `journalctl -u UNIT -o json` entries (oldest first).
+def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Sequence[str] = (),
+                    since_usec: int = 0) -> List[str]:
+    """The last `lines` messages of one run of a unit, from `journalctl -u UNIT -o json` entries (oldest first).
 
-    The last run is the last invocation that printed something (its output carries _SYSTEMD_INVOCATION_ID,
-    systemd's own messages about it INVOCATION_ID); without invocation ids, the last entries. Secrets in
-    `redact` are masked, in case a process printed one.
+    A run is an invocation: its output carries _SYSTEMD_INVOCATION_ID, systemd's own messages about it
+    INVOCATION_ID. With `since_usec` (a switch's start, CLOCK_REALTIME in microseconds) it is the first run
+    that began after it - the start that failed, not a later automatic restart, nor the old run being stopped;
+    without, the last run (a failed warm-up of the running release). Without invocation ids, the last entries.
+    Secrets in `redact` are masked, in case a process printed one.
     """
-    invocation = None
+    first_seen: Dict[str, int] = {}
     for entry in entries:
-        if entry.get("_SYSTEMD_INVOCATION_ID"):
-            invocation = entry["_SYSTEMD_INVOCATION_ID"]
-    if invocation is not None:
-        chosen = [e for e in entries if invocation in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))]
+        for key in ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID"):
+            invocation = entry.get(key)
+            if invocation:
+                stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
+                first_seen[invocation] = min(first_seen.get(invocation, stamp), stamp)
+    if since_usec:
+        candidates = [i for i, stamp in first_seen.items() if stamp >= since_usec]
+        chosen_id = min(candidates, key=lambda i: first_seen[i]) if candidates else None
+    else:
+        chosen_id = max(first_seen, key=lambda i: first_seen[i]) if first_seen else None
+    if chosen_id is not None:
+        chosen = [e for e in entries if chosen_id in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))]
+    elif since_usec:
+        chosen = [e for e in entries if int(e.get("__REALTIME_TIMESTAMP") or 0) >= since_usec]
     else:
         chosen = list(entries)
     messages = [_message(entry) for entry in chosen][-lines:] if lines > 0 else []

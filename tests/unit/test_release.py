@@ -326,22 +326,49 @@ def test_prune_keeps_the_newest_and_never_current_or_previous():
 
 # --- journal excerpt ----------------------------------------------------------------------------------
 
-def test_journal_excerpt_is_the_last_run_of_the_unit():
-    entries = [
-        {"MESSAGE": "Starting vllm-0.service - vLLM...", "UNIT": "vllm-0.service"},
-        {"MESSAGE": "INFO api_server.py:339] vLLM API server version 0.5.4", "_SYSTEMD_INVOCATION_ID": "aaa"},
-        {"MESSAGE": "ValueError: first attempt", "_SYSTEMD_INVOCATION_ID": "aaa"},
-        {"MESSAGE": "vllm-0.service: Main process exited, code=exited, status=1/FAILURE", "INVOCATION_ID": "aaa"},
-        {"MESSAGE": "INFO api_server.py:339] vLLM API server version 0.5.4", "_SYSTEMD_INVOCATION_ID": "bbb"},
-        {"MESSAGE": "ValueError: No available memory for the cache blocks.", "_SYSTEMD_INVOCATION_ID": "bbb"},
-        {"MESSAGE": [118, 97, 108, 117, 101, 32, 255], "_SYSTEMD_INVOCATION_ID": "bbb"},
-        {"MESSAGE": "vllm-0.service: Failed with result 'exit-code'.", "INVOCATION_ID": "bbb"},
-    ]
-    assert journal_excerpt(entries, 10) == [
+def _entry(message, stamp, output=None, pid1=None):
+    entry = {"MESSAGE": message, "__REALTIME_TIMESTAMP": str(stamp)}
+    if output:
+        entry["_SYSTEMD_INVOCATION_ID"] = output
+    if pid1:
+        entry["INVOCATION_ID"] = pid1
+    return entry
+
+
+# The old release stopping, the failed start of the new one, then systemd's automatic restart of it.
+SWITCH_JOURNAL = [
+    _entry("INFO api_server.py:339] vLLM API server version 0.5.4", 100, output="old"),
+    _entry("INFO launcher.py:45] Gracefully stopping http server", 1000, output="old"),
+    _entry("Stopped vllm-0.service - vLLM 0.5.4 vllm-0.", 1001, pid1="old"),
+    _entry("Starting vllm-0.service - vLLM 0.5.4 vllm-0...", 1002, pid1="new"),
+    _entry("INFO api_server.py:339] vLLM API server version 0.5.4", 1003, output="new"),
+    _entry("ValueError: No available memory for the cache blocks.", 1004, output="new"),
+    _entry([118, 97, 108, 117, 101, 32, 255], 1005, output="new"),
+    _entry("vllm-wait-healthy: port 8000: /health did not answer 200 within the 36 s start deadline", 1040,
+           output="new"),
+    _entry("vllm-0.service: Failed with result 'exit-code'.", 1041, pid1="new"),
+    _entry("Starting vllm-0.service - vLLM 0.5.4 vllm-0...", 1043, pid1="again"),
+    _entry("INFO api_server.py:339] vLLM API server version 0.5.4", 1044, output="again"),
+    _entry("vllm-0.service: Control process exited, code=killed, status=15/TERM", 1050, pid1="again"),
+]
+
+
+def test_journal_excerpt_after_a_switch_is_the_failed_start():
+    assert journal_excerpt(SWITCH_JOURNAL, 10, since_usec=1000) == [
+        "Starting vllm-0.service - vLLM 0.5.4 vllm-0...",
         "INFO api_server.py:339] vLLM API server version 0.5.4",
         "ValueError: No available memory for the cache blocks.", "value \ufffd",
+        "vllm-wait-healthy: port 8000: /health did not answer 200 within the 36 s start deadline",
         "vllm-0.service: Failed with result 'exit-code'."]
-    assert journal_excerpt(entries, 2) == ["value \ufffd", "vllm-0.service: Failed with result 'exit-code'."]
+    assert journal_excerpt(SWITCH_JOURNAL, 2, since_usec=1000) == [
+        "vllm-wait-healthy: port 8000: /health did not answer 200 within the 36 s start deadline",
+        "vllm-0.service: Failed with result 'exit-code'."]
+
+
+def test_journal_excerpt_without_a_switch_is_the_last_run():
+    assert journal_excerpt(SWITCH_JOURNAL, 10) == [
+        "Starting vllm-0.service - vLLM 0.5.4 vllm-0...", "INFO api_server.py:339] vLLM API server version 0.5.4",
+        "vllm-0.service: Control process exited, code=killed, status=15/TERM"]
 
 
 def test_journal_excerpt_masks_secrets_and_works_without_invocation_ids():

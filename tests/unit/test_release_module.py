@@ -1,0 +1,175 @@
+"""vllm_release through Ansible: ansible-doc renders it; a play on localhost queries, promotes, rolls back
+(check mode writes nothing), prunes venvs and reads a journal."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_release import _plan_json
+
+BIN = os.path.dirname(sys.executable)
+
+
+def run_play(repo, tmp_path, tasks: str, *flags: str):
+    play = tmp_path / "play.yml"
+    play.write_text(textwrap.dedent("""\
+        - name: Releases
+          hosts: localhost
+          gather_facts: false
+          tasks:
+        """) + textwrap.indent(textwrap.dedent(tasks), "    "))
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play),
+                           *flags], cwd=repo, env=env, capture_output=True, text=True, timeout=180)
+    results = json.loads(proc.stdout)["plays"][0]["tasks"]
+    return proc.returncode, [task["hosts"]["localhost"] for task in results]
+
+
+@pytest.fixture
+def plan_file(tmp_path, tmp_path_factory, repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    path = tmp_path / "plan.json"
+    path.write_text(_plan_json(str(tmp_path_factory.getbasetemp() / "release-plan"), True))
+    return path
+
+
+def test_ansible_doc_renders_vllm_release(repo):
+    proc = subprocess.run([os.path.join(BIN, "ansible-doc"), "-M", "library", "vllm_release"], cwd=repo,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("A release is a vLLM venv, a model revision", "rollback_target", "venv_spec", "RETURN VALUES",
+                 "failed_release"):
+        assert text in proc.stdout, text
+
+
+def test_query_promote_and_rollback_through_ansible(repo, tmp_path, plan_file):
+    record = tmp_path / "releases.json"
+    venv = tmp_path / "venvs/0.5.4-1a2b3c4d"
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Query
+          vllm_release:
+            path: {record}
+            plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
+            venv: {venv}
+          register: first
+        - name: Promote
+          vllm_release:
+            state: promote
+            path: {record}
+            release: "{{{{ first.desired }}}}"
+        - name: Promote again
+          vllm_release:
+            state: promote
+            path: {record}
+            release: "{{{{ first.desired }}}}"
+        - name: Query again
+          vllm_release:
+            path: {record}
+            plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
+            venv: {venv}
+        - name: Target after a failed warm-up of the only release
+          vllm_release:
+            state: rollback_target
+            path: {record}
+        """)
+    assert code == 0, results
+    query, promoted, again, second, target = results
+    assert (query["changed"], query["is_current"], query["current"]) == (False, False, None)
+    assert query["desired"]["python"] == f"{venv}/bin/python"
+    assert [r["unit"] for r in query["desired"]["replicas"]] == ["vllm-0.service", "vllm-1.service"]
+    assert promoted["changed"] is True and again["changed"] is False
+    assert json.loads(record.read_text())["current"]["id"] == query["desired"]["id"]
+    assert (second["is_current"], second["stale_units"]) == (True, [])
+    assert target["target"] is None and target["failed_release"]["id"] == query["desired"]["id"]
+
+
+def test_rolled_back_in_check_mode_writes_nothing(repo, tmp_path):
+    record = tmp_path / "releases.json"
+    release = {"id": "aaaaaaaaaaaa", "vllm_version": "0.5.4", "venv": "/v/a", "model": {"path": "/m"}, "args": [],
+               "replicas": [{"unit": "vllm-0.service"}]}
+    record.write_text(json.dumps({"schema": 1, "current": release, "previous": None, "last_failure": None}))
+    before = record.read_text()
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Record a rollback
+          vllm_release:
+            state: rolled_back
+            path: {record}
+            release: {json.dumps(dict(release, id="bbbbbbbbbbbb"))}
+            restored: {json.dumps(release)}
+            serving: true
+            message: vllm-0.service failed
+        """, "--check", "--diff")
+    assert code == 0, results
+    assert results[0]["changed"] is True
+    assert results[0]["last_failure"]["release"]["id"] == "bbbbbbbbbbbb"
+    assert '"restored": "aaaaaaaaaaaa"' in results[0]["diff"]["after"]
+    assert record.read_text() == before
+
+
+def test_prune_keeps_the_newest_and_the_recorded_venvs(repo, tmp_path):
+    root = tmp_path / "venvs"
+    for age, name in enumerate(["old-current", "a", "b", "c", "newest"]):
+        (root / name).mkdir(parents=True)
+        os.utime(root / name, (1_700_000_000 + age, 1_700_000_000 + age))
+    record = tmp_path / "releases.json"
+    record.write_text(json.dumps({"schema": 1, "current": {"id": "x", "venv": str(root / "old-current")},
+                                  "previous": None, "last_failure": None}))
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Prune in check mode
+          vllm_release:
+            state: prune
+            path: {record}
+            venvs_root: {root}
+            keep: 2
+          check_mode: true
+        - name: Prune
+          vllm_release:
+            state: prune
+            path: {record}
+            venvs_root: {root}
+            keep: 2
+            protect: ["{root / 'a'}"]
+        """)
+    assert code == 0, results
+    assert results[0]["removed"] == [str(root / "a"), str(root / "b")]
+    assert results[1]["removed"] == [str(root / "b")]
+    assert sorted(p.name for p in root.iterdir()) == ["a", "c", "newest", "old-current"]
+
+
+def fake_python(tmp_path, version: str) -> str:
+    """An interpreter stand-in that reports `version` whatever it is asked."""
+    path = tmp_path / f"python-{version}"
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_venv_spec_checks_the_interpreter_against_the_python_pin(repo, tmp_path, plan_file):
+    debian, too_new = fake_python(tmp_path, "3.11.2"), fake_python(tmp_path, "3.13.0")
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Spec on Debian 12's Python
+          vllm_release:
+            state: venv_spec
+            plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
+            python: {debian}
+        - name: Spec on a Python newer than 0.5.4 supports
+          vllm_release:
+            state: venv_spec
+            plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
+            python: {too_new}
+          ignore_errors: true
+        """)
+    spec, refused = results
+    assert spec["packages"] == ["torch==2.4.0", "vllm==0.5.4", "xformers==0.0.27.post2"]
+    assert (spec["python_version"], spec["flash_attention_excluded"]) == ("3.11.2", True)
+    assert spec["name"].startswith("0.5.4-") and len(spec["name"]) == 14
+    assert spec["notes"][0].startswith("vllm-flash-attn==2.6.1 left out")
+    assert refused["failed"] is True
+    assert refused["msg"] == (f"vLLM 0.5.4 needs Python >=3.8,<3.13; {too_new} on {os.uname().nodename} is 3.13.0. "
+                              "Set vllm_runtime_python to a matching interpreter")

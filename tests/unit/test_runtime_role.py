@@ -1,0 +1,124 @@
+"""The vllm_runtime role on this machine from a wheelhouse of stand-in wheels: the distribution's interpreter
+from vars/, the venv named by version and pins, FlashAttention left out on Volta, `import vllm` checked, a
+second run unchanged, old release venvs pruned but never the recorded ones."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_venv_build import make_wheel
+
+BIN = os.path.dirname(sys.executable)
+DEBIAN_PYTHON = "/usr/bin/python3.11"  # roles/vllm_runtime/vars/Debian.yml
+SPEC_TASK = "Work out the venv's pins and name; check the interpreter against the release's Python pin"
+
+
+def run_role(repo, tmp_path, release: dict, *flags: str, **role_vars) -> tuple:
+    (tmp_path / "release.json").write_text(json.dumps(release))
+    params = {"vllm_runtime_release": "{{ lookup('ansible.builtin.file', '%s') | from_json }}" % (tmp_path / "release.json"),
+              "vllm_runtime_venvs_root": str(tmp_path / "venvs"),
+              "vllm_runtime_node_wheelhouse": str(tmp_path / "node/wheelhouse"),
+              "vllm_runtime_record_path": str(tmp_path / "releases.json"), **role_vars}
+    play = tmp_path / "play.yml"
+    play.write_text(textwrap.dedent(f"""\
+        - name: Runtime
+          hosts: localhost
+          gather_facts: true
+          gather_subset: [min]
+          roles:
+            - role: vllm_runtime
+              vars: {json.dumps(params)}
+          post_tasks:
+            - name: Show the published venv
+              ansible.builtin.debug:
+                var: vllm_runtime_venv
+        """))
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play),
+                           *flags], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(proc.stdout)
+    # Task names without the "vllm_runtime : " prefix.
+    tasks = {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"]["localhost"] for task in report["plays"][0]["tasks"]}
+    return proc.returncode, tasks, report["stats"]["localhost"]
+
+
+@pytest.fixture
+def release_wheelhouse(tmp_path) -> Path:
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    make_wheel(house, "vllm", "0.5.4+sim", "__version__ = '0.5.4+sim'\n", requires=("torch==2.4.0",))
+    make_wheel(house, "torch", "2.4.0+sim", "__version__ = '2.4.0+sim'\n")
+    make_wheel(house, "vllm_flash_attn", "2.6.1+sim", "__version__ = '2.6.1+sim'\n")
+    return house
+
+
+RELEASE = {"vllm_version": "0.5.4", "gpu": {"compute_capability": "7.0"},
+           "pins": {"vllm": "0.5.4", "torch": "2.4.0", "vllm-flash-attn": "2.6.1", "cuda": "12.1",
+                    "python": ">=3.8,<3.13"}}
+# The stand-in wheels are pure Python: any interpreter will do, so the tests use the one running them.
+ANY_PYTHON = dict(RELEASE, pins=dict(RELEASE["pins"], python=">=3.8"))
+
+
+def test_on_debian_the_venv_is_made_from_python_3_11(repo, tmp_path, release_wheelhouse):
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    _, tasks, _ = run_role(repo, tmp_path, RELEASE, "--check", vllm_runtime_pip_source=source)
+    assert tasks["Gathering Facts"]["ansible_facts"]["ansible_distribution"] == "Debian"
+    spec = tasks[SPEC_TASK]
+    # Where Debian's python3.11 is missing the task fails naming it; either way it is the one chosen.
+    assert spec.get("python") == DEBIAN_PYTHON or f"the interpreter {DEBIAN_PYTHON} does not run" in spec["msg"]
+    assert not (tmp_path / "venvs").exists()
+
+
+def test_the_role_builds_the_release_venv_and_keeps_it(repo, tmp_path, release_wheelhouse):
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    code, tasks, stats = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
+                                  vllm_runtime_python=sys.executable)
+    assert code == 0, tasks
+    spec = tasks[SPEC_TASK]
+    assert spec["packages"] == ["torch==2.4.0", "vllm==0.5.4"]
+    venv = tasks["Show the published venv"]["vllm_runtime_venv"]
+    assert venv["path"] == f"{tmp_path}/venvs/{spec['name']}" and spec["name"].startswith("0.5.4-")
+    assert (venv["python"], venv["vllm_version"], venv["changed"]) == (f"{venv['path']}/bin/python", "0.5.4+sim", True)
+    built = tasks["Build the release venv"]
+    assert built["distributions"]["vllm"] == "0.5.4+sim" and "vllm-flash-attn" not in built["distributions"]
+    assert os.path.realpath(f"{venv['path']}/bin/python") == os.path.realpath(sys.executable)
+
+    code, tasks, stats = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
+                                  vllm_runtime_python=sys.executable)
+    assert (code, stats["changed"]) == (0, 0), tasks
+    assert tasks["Build the release venv"]["decision"] == "unchanged"
+
+
+def test_old_venvs_go_but_not_the_recorded_ones(repo, tmp_path, release_wheelhouse):
+    venvs = tmp_path / "venvs"
+    for age, name in enumerate(["0.5.3-recorded", "0.5.3-aaaaaaaa", "0.5.3-bbbbbbbb"]):
+        (venvs / name).mkdir(parents=True)
+        os.utime(venvs / name, (1_700_000_000 + age, 1_700_000_000 + age))
+    (tmp_path / "releases.json").write_text(json.dumps({"schema": 1, "current": {"id": "r", "venv": str(venvs / "0.5.3-recorded")},
+                                                        "previous": None, "last_failure": None}))
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    code, tasks, _ = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source, vllm_runtime_keep_venvs=1,
+                              vllm_runtime_python=sys.executable)
+    assert code == 0, tasks
+    assert tasks["Remove release venvs beyond the newest vllm_runtime_keep_venvs"]["removed"] == [
+        str(venvs / "0.5.3-aaaaaaaa"), str(venvs / "0.5.3-bbbbbbbb")]
+    assert sorted(p.name for p in venvs.iterdir()) == sorted(["0.5.3-recorded", Path(
+        tasks["Show the published venv"]["vllm_runtime_venv"]["path"]).name])
+
+
+def test_flash_attn_requested_on_volta_is_refused_before_anything_is_built(repo, tmp_path, release_wheelhouse):
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    code, tasks, _ = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
+                              vllm_runtime_python=sys.executable, vllm_runtime_extra_packages=["flash-attn==2.5.8"])
+    assert code != 0
+    failed = tasks[SPEC_TASK]
+    assert failed["msg"].startswith("extra package 'flash-attn==2.5.8' is FlashAttention, which GPUs of compute "
+                                    "capability 7.0 cannot use")
+    assert not (tmp_path / "venvs").exists()
