@@ -187,7 +187,8 @@ def host_pinning(replica: Dict[str, Any], online_cpus: Sequence[int], numa_nodes
 
 # --- systemd quoting ------------------------------------------------------------------------------------
 
-_SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+# Words of only these characters need no quotes (no space, quote, backslash, `%` specifier or `$` variable).
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
 
 def _escape(text: str, dollar: bool) -> str:
@@ -201,7 +202,7 @@ def _escape(text: str, dollar: bool) -> str:
 
 def exec_word(word: str) -> str:
     """One argument of ExecStart=, quoted only when systemd would otherwise split or expand it."""
-    if word and _SAFE_WORD.fullmatch(word) and "%" not in word:
+    if word and _SAFE_WORD.fullmatch(word):
         return word
     return f'"{_escape(word, dollar=True)}"'
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import string
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from ansible.module_utils.revive_plan import Overrides, Serve, plan_release
 from ansible.module_utils.revive_release import (
     HostView,
@@ -159,6 +162,13 @@ def test_exec_start_quotes_only_what_systemd_would_split_or_expand():
     assert '"say \\"hi\\" 100%%"' in line
     assert '"$$HOME"' in line
     assert parse_exec_words(line) == argv
+
+
+@given(st.lists(st.text(alphabet=string.printable.translate({ord(c): None for c in "\r\x0b\x0c"}), max_size=12),
+                max_size=8))
+def test_exec_start_round_trips_any_printable_argv(args):
+    argv = ["/opt/vllm/venvs/0.5.4-1a2b3c4d/bin/python"] + args
+    assert parse_exec_words(exec_start(argv)) == argv
 
 
 def test_exec_start_needs_an_absolute_program():
