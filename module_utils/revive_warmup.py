@@ -235,6 +235,7 @@ def wait_for_health(endpoint: Endpoint, unit: Optional[str], deadline_s: float, 
     start = deps.clock()
     baseline = read_unit(unit, deps.runner) if unit else None
     if unit and baseline is not None:
+        # Already failed, stopped or waiting to restart before the wait began (restart counters are compared later).
         trouble = unit_trouble(UnitState(n_restarts=baseline.n_restarts, invocation_id=baseline.invocation_id),
                                baseline)
         if trouble:
