@@ -84,7 +84,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def render(tmp: Path, backends: list, front_port: int) -> str:
+def render(tmp: Path, backends: list, front_port: int, **overrides) -> str:
     """The role's template, as Ansible renders it, with the test's paths (no chroot, user or syslog)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROLE / "templates")), keep_trailing_newline=True)
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
@@ -99,6 +99,7 @@ def render(tmp: Path, backends: list, front_port: int) -> str:
         "__frontdoor_servers": [{"name": f"node{i + 1}-vllm-0", "address": "127.0.0.1", "port": b.port, "maxconn": 16}
                                 for i, b in enumerate(backends)],
     })
+    defaults.update(overrides)
     text = env.get_template("haproxy.cfg.j2").render(**defaults)
     # The test runs unprivileged paths: no chroot, no user switch, no syslog socket.
     for line in ("    chroot /var/lib/haproxy\n", "    user haproxy\n", "    group haproxy\n", "    daemon\n",
@@ -164,7 +165,8 @@ def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
     check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"    server node1-vllm-0 127.0.0.1:{backends[0].port} maxconn 16 disabled\n" in text
-    assert "    default-server check inter 200ms fall 3 rise 2 slowstart 30s\n" in text
+    assert ("    default-server check inter 200ms fall 3 rise 2 slowstart 30s observe layer4 error-limit 3"
+            " on-error mark-down\n") in text
 
 
 def test_servers_start_in_maintenance_and_ready_changes_once(lab):
@@ -302,3 +304,32 @@ def test_parsers_read_haproxy_2_6_output():
     assert parse_show_stat(stat)[("vllm", "node1-vllm-0")]["status"] == "UP 1/3"
     assert [admin_mode(v) for v in (0, 1, 4, 5, 8, 12, 9, 0x20, 0x10)] == \
         ["ready", "maint", "ready", "maint", "drain", "drain", "maint", "maint", "drain"]
+
+
+def test_a_replica_whose_port_closed_is_taken_out_by_the_traffic_itself(tmp_path):
+    """leastconn favours a dead replica (it has no connections); the passive check marks it down after 3 failed
+    connections, long before the active check (slowed to a minute here) would, and no client sees an error."""
+    live = Backend()
+    live.release.set()
+
+    class Closed:
+        port = free_port()  # nothing listens there: a replica whose process died or restarts in traffic
+
+    front = free_port()
+    proxy = HAProxy(tmp_path, render(tmp_path, [Closed(), live], front, frontdoor_check_inter="60s")).start()
+    try:
+        send = socket_sender(proxy.socket)
+        ensure(send, "vllm", SERVERS, "ready", check_mode=False)
+        statuses = []
+        for _ in range(8):
+            conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+            conn.request("POST", "/v1/completions", body=b"{}", headers={"Content-Type": "application/json"})
+            statuses.append(conn.getresponse().status)
+            conn.close()
+        servers = read_servers(send, "vllm", SERVERS)
+    finally:
+        proxy.stop()
+        live.close()
+    assert statuses == [200] * 8
+    assert servers["node1-vllm-0"].status.startswith("DOWN"), servers["node1-vllm-0"]
+    assert servers["node2-vllm-0"].status.startswith("UP"), servers["node2-vllm-0"]
