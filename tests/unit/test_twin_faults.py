@@ -125,9 +125,10 @@ def test_sigkill_cuts_streams(models, tmp_path):
     threads, results = open_streams(twin, 2)
     wait_running(twin, 2)
     twin.process.kill()
-    twin.process.wait()
+    assert twin.process.wait() == -signal.SIGKILL
     for thread in threads:
         thread.join(10)
+    assert len(results) == 2
     for result in results:
         assert_cut(result)
 
