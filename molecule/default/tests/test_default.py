@@ -24,3 +24,21 @@ def test_root_logs_in_with_the_lab_key_only(host):
 def test_pynvml_reports_exactly_the_nodes_gpu_profile(host):
     profile = lab_host(host.backend.host.name)["gpu_profile"]
     assert nvml_view(host) == profile_as_nvml_view(profile)
+
+
+def test_with_no_front_door_every_replica_of_the_current_release_runs_warmed_up_and_healthy(host):
+    # The scenario has no `lb` host: handover.yml warms the node up and records the report without HAProxy.
+    import json
+
+    record = json.loads(host.file("/var/lib/revive/releases.json").content_string)
+    report = json.loads(host.file("/var/lib/revive/handover.json").content_string)
+    replicas = record["current"]["replicas"]
+    assert replicas
+    assert sorted(report["replicas"]) == sorted(r["name"] for r in replicas)
+    for replica in replicas:
+        entry = report["replicas"][replica["name"]]
+        assert entry["passed"] and entry["release"]["id"] == record["current"]["id"], entry["message"]
+        assert host.service(replica["unit"]).is_running
+        health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{replica['port']}/health")
+        assert health.stdout == "200", health.stderr
+    assert not host.service("haproxy").is_running
