@@ -66,6 +66,14 @@ def wait_running(twin, count, timeout=10.0):
     raise AssertionError(f"{count} streams never ran:\n{twin.log()}")
 
 
+def joined(threads, results, timeout=10):
+    """Wait for the client threads; each must have ended (its stream finished or was cut)."""
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), f"a client stream still runs {timeout} s later"
+    return results
+
+
 def assert_cut(result):
     chunks = result.chunks()
     assert result.events and result.events[-1] != "[DONE]"
@@ -83,9 +91,7 @@ def test_sigterm_in_the_default_mode_cuts_open_streams(models, tmp_path):
     threads, results = open_streams(twin, 4)
     time.sleep(0.2)
     assert twin.stop(signal.SIGTERM) == 0
-    for thread in threads:
-        thread.join(10)
-    for result in results:
+    for result in joined(threads, results):
         assert_cut(result)
     log = twin.log()
     assert "Gracefully stopping http server" in log and "vLLM ZMQ RPC Server was interrupted." in log
@@ -100,9 +106,7 @@ def test_sigterm_with_disable_frontend_multiprocessing_drains_a_single_gpu_repli
     with pytest.raises(OSError):
         harness.request(twin, "GET", "/health", timeout=2)  # the listener is closed at once
     assert twin.process.wait(20) == 0
-    for thread in threads:
-        thread.join(10)
-    for result in results:
+    for result in joined(threads, results):
         assert_whole(result)
 
 
@@ -113,9 +117,7 @@ def test_sigterm_to_the_whole_unit_kills_the_tp_workers_and_cuts_streams(models,
     wait_running(twin, 3)
     os.killpg(twin.process.pid, signal.SIGTERM)
     assert twin.process.wait(20) == 0
-    for thread in threads:
-        thread.join(10)
-    for result in results:
+    for result in joined(threads, results):
         assert_cut(result)
     assert "died, exit code: -15" in twin.log()
 
@@ -126,9 +128,7 @@ def test_sigkill_cuts_streams(models, tmp_path):
     wait_running(twin, 2)
     twin.process.kill()
     assert twin.process.wait() == -signal.SIGKILL
-    for thread in threads:
-        thread.join(10)
-    assert len(results) == 2
+    assert len(joined(threads, results)) == 2
     for result in results:
         assert_cut(result)
 
@@ -138,9 +138,7 @@ def test_no_knob_no_fault(models, tmp_path):
                  tmp_path, scale=0.002, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
     try:
         threads, results = open_streams(twin, 6, max_tokens=30)
-        for thread in threads:
-            thread.join(20)
-        assert all(r.status == 200 and r.events[-1] == "[DONE]" for r in results)
+        assert all(r.status == 200 and r.events[-1] == "[DONE]" for r in joined(threads, results, 20))
         version = json.loads(harness.request(twin, "GET", "/version")[2])
         assert version["twin"]["faults"] == {}
         assert "[twin] fault knobs in effect: none" in twin.log()
@@ -188,9 +186,7 @@ def test_crash_after_n_requests_exits_non_zero_and_cuts_the_others(models, tmp_p
     short = harness.stream(twin, CHAT, body(5))
     assert short.events[-1] == "[DONE]"
     assert twin.process.wait(20) == 7
-    for thread in threads:
-        thread.join(10)
-    for result in results:
+    for result in joined(threads, results):
         assert_cut(result)
     assert "[twin fault] simulated crash (VLLM_SIM_FAULT_CRASH_AFTER_REQUESTS=1" in twin.log()
 
@@ -261,8 +257,7 @@ def test_stopping_before_draining_loses_the_open_streams_and_draining_first_lose
     (tmp_path / "drained").mkdir()
     drained = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "drained")
     threads, results = open_streams(drained, 3, max_tokens=300)
-    for thread in threads:  # the front door sends nothing new; the in-flight streams run out
-        thread.join(20)
+    joined(threads, results, 20)  # the front door sends nothing new; the in-flight streams run out
     assert drained.stop() == 0
     assert all(r.complete and r.events[-1] == "[DONE]" for r in results)
     (tmp_path / "undrained").mkdir()
@@ -270,7 +265,5 @@ def test_stopping_before_draining_loses_the_open_streams_and_draining_first_lose
     threads, results = open_streams(undrained, 3)
     time.sleep(0.2)  # default mode: no vllm:* metrics to watch (0.5.4's /metrics bug)
     assert undrained.stop() == 0
-    for thread in threads:
-        thread.join(20)
-    for result in results:
+    for result in joined(threads, results, 20):
         assert_cut(result)
