@@ -157,21 +157,10 @@ facts_path:
   type: str
 """
 
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_files import write_atomic
 from ansible.module_utils.revive_nvml import GpuProbeError, plan_facts_file, probe
-
-
-def save_facts(module: AnsibleModule, path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".gpu-facts-")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        stream.write(text)
-    os.chmod(temporary, 0o644)
-    module.atomic_move(temporary, path)
 
 
 def main() -> None:
@@ -189,7 +178,7 @@ def main() -> None:
         update = plan_facts_file(path, gpu)
         if update.changed and not module.check_mode:
             try:
-                save_facts(module, path, update.after)
+                write_atomic(path, update.after, make_parents=True)
             except OSError as error:
                 module.fail_json(msg=f"cannot write GPU facts to {path} on {gpu['host']}: {error}; "
                                      "check the directory's permissions or choose another facts_path")

@@ -224,12 +224,11 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_files import write_atomic
 from ansible.module_utils.revive_release import (
     HostView,
-    Record,
     ReleaseError,
     StartTiming,
     build_release,
@@ -266,18 +265,6 @@ def read_text(path: str):
             return handle.read()
     except FileNotFoundError:
         return None
-
-
-def write_record(path: str, record: Record) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".releases-")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        stream.write(record.text())
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
 
 
 def host_view(venv: str, model_path: str) -> HostView:
@@ -420,7 +407,7 @@ def main() -> None:
                                       params["message"], now_utc())
             changed = True
         if changed and not module.check_mode:
-            write_record(path, updated)
+            write_atomic(path, updated.text(), make_parents=True)
         module.exit_json(changed=changed, current=updated.current, previous=updated.previous,
                          last_failure=updated.last_failure,
                          diff={"before": record.text(), "after": updated.text(), "before_header": path,

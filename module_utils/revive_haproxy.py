@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -229,17 +227,3 @@ def ensure(send: Send, backend: str, names: Sequence[str], target: Optional[str]
                    polls)
 
 
-def save_state(send: Send, path: str) -> None:
-    """Write `show servers state` (all backends) where `server-state-file` points, atomically, for a reload."""
-    text = _checked(send, "show servers state")
-    directory = os.path.dirname(path) or "."
-    handle, temporary = tempfile.mkstemp(prefix=".server-state-", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise

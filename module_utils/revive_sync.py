@@ -29,6 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ansible.module_utils.revive_files import write_json_atomic
+
 MANIFEST_NAME = "revive-manifest.json"
 MANIFEST_FORMAT = "revive-model-manifest/1"
 # Reserved names inside a model directory: our own bookkeeping files start with this prefix.
@@ -339,18 +341,6 @@ def load_manifest(path: str) -> Manifest:
         raise SyncError(f"manifest {path} is not JSON ({exc}). Remove it and let model_sync make a new one "
                         f"(model_sync_manifest_refresh: true).") from exc
     return manifest_from_dict(data, path)
-
-
-def write_json_atomic(path: str, data: dict, mode: int = 0o644) -> None:
-    """Write JSON next to its final name and rename it over, so readers never see half a file."""
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(temporary, mode)
-    os.replace(temporary, path)
 
 
 def is_model_file(relpath: str) -> bool:

@@ -19,9 +19,10 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
+
+from ansible.module_utils.revive_files import write_json_atomic
 
 MARKER = ".revive-venv.json"
 MARKER_SCHEMA = 1
@@ -450,12 +451,7 @@ def remove_venv(path: str) -> None:
 
 def write_marker(path: str, marker: dict) -> None:
     """Atomically, and last: its presence is what makes the venv usable."""
-    handle, temporary = tempfile.mkstemp(dir=path, prefix=".revive-venv-")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        json.dump(marker, stream, indent=1, sort_keys=True)
-        stream.write("\n")
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, os.path.join(path, MARKER))
+    write_json_atomic(os.path.join(path, MARKER), marker, sort_keys=True)
 
 
 def ensure_venv(spec: VenvSpec, run: Runner, check_mode: bool, host: str) -> VenvResult:

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ansible.module_utils.revive_files import write_json_atomic
 from ansible.module_utils.revive_sse import (
     ConnectionFactory,
     Endpoint,
@@ -543,16 +542,4 @@ def merge_report(existing_text: Optional[str], host: str, replica: str, report: 
 
 def write_report(path: str, data: Dict[str, Any]) -> None:
     """Atomically: a reader sees the old file or the new one, never half of one."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".handover-", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
-            out.write("\n")
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_json_atomic(path, data, sort_keys=True, make_parents=True)

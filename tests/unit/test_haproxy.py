@@ -27,7 +27,6 @@ from ansible.module_utils.revive_haproxy import (
     parse_servers_state,
     parse_show_stat,
     read_servers,
-    save_state,
     set_mode,
     socket_sender,
 )
@@ -239,6 +238,8 @@ def test_a_restart_with_the_saved_state_keeps_runtime_states(lab):
     done = subprocess.run([sys.executable, str(helper), proxy.socket, str(lab["tmp"] / "server-state")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    assert (lab["tmp"] / "server-state").read_text().startswith("1\n# be_id be_name srv_id srv_name")
+    assert [p.name for p in lab["tmp"].iterdir() if p.name.startswith(".server-state-")] == []
     saved = parse_servers_state((lab["tmp"] / "server-state").read_text())
     assert {k: v["srv_admin_state"] for k, v in saved.items()} == {("vllm", "node1-vllm-0"): "4",
                                                                    ("vllm", "node2-vllm-0"): "12"}
@@ -259,13 +260,6 @@ def test_the_save_state_helper_does_nothing_when_haproxy_is_not_running(tmp_path
                           capture_output=True, text=True)
     assert done.returncode == 0 and "absent, nothing to save" in done.stderr
     assert not (tmp_path / "state").exists()
-
-
-def test_save_state_writes_the_file_atomically(lab):
-    path = lab["tmp"] / "saved"
-    save_state(lab["send"], str(path))
-    assert path.read_text().startswith("1\n# be_id be_name srv_id srv_name")
-    assert sorted(p.name for p in lab["tmp"].iterdir() if p.name.startswith(".server-state-")) == []
 
 
 def test_the_lab_sampler_counts_serving_nodes(lab):
