@@ -31,8 +31,11 @@ unit: venv fakenvml
 lint: venv
 	$(ACT) ansible-lint
 
+# The full output goes to .molecule.log too; on failure bin/last-failure repeats the last failed task after the
+# recap, where a CI log's tail shows it.
 molecule: venv fakenvml
-	$(ACT) molecule test --all
+	@echo "molecule test --all (full output also in .molecule.log)"
+	@set -o pipefail; $(ACT) molecule test --all 2>&1 | tee .molecule.log || { bin/last-failure .molecule.log; exit 1; }
 
 test: unit lint molecule
 

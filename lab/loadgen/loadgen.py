@@ -75,7 +75,8 @@ class Load:
             request = StreamRequest(self.args.kind, self.args.model, max_tokens=self.args.max_tokens,
                                     temperature=0.7,
                                     messages=[{"role": "user", "content": PROMPTS[sequence % len(PROMPTS)]}],
-                                    prompt=PROMPTS[sequence % len(PROMPTS)])
+                                    prompt=PROMPTS[sequence % len(PROMPTS)],
+                                    extra={"ignore_eos": True} if self.args.ignore_eos else {})
             sequence += self.args.concurrency
             if self.args.think_time and self.stop.wait(self.args.think_time):
                 break
@@ -114,7 +115,8 @@ class Load:
     def summary(self) -> dict:
         return {"host": self.args.host, "port": self.args.port, "concurrency": self.args.concurrency,
                 "think_time_s": self.args.think_time,
-                "max_tokens": self.args.max_tokens, "duration_s": round(time.time() - self.started, 2),
+                "max_tokens": self.args.max_tokens, "ignore_eos": self.args.ignore_eos,
+                "duration_s": round(time.time() - self.started, 2),
                 "sent": self.sent, "ok": self.ok, "failed": self.failed, "truncated": self.truncated,
                 "without_done": self.no_done, "http_errors": self.http_errors, "by_server": self.by_server,
                 "ttft_s": {"p50": percentile(self.ttft, 0.5), "p95": percentile(self.ttft, 0.95)},
@@ -132,6 +134,8 @@ def parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--kind", choices=["chat", "completions"], default="chat")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="vLLM's ignore_eos sampling parameter: every answer runs to --max-tokens")
     parser.add_argument("--think-time", type=float, default=0.0, help="seconds between a client's requests")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until --stop-file exists")

@@ -34,3 +34,25 @@ def test_loadgen_counts_cut_streams_missing_done_and_http_errors(tmp_path):
     assert summary["without_done"] >= summary["truncated"] + sum(1 for n in range(1, sent + 1) if n % 4 == 2)
     assert {f["status"] for f in summary["failures"]} <= {200, 503}
     assert json.loads(done.stdout)["sent"] == sent
+
+
+def test_loadgen_asks_for_full_length_answers_only_with_ignore_eos(tmp_path):
+    """--ignore-eos puts vLLM's ignore_eos sampling parameter in every request (answers run to max_tokens, as the
+    fleet scenario's long streams need); without it the body carries no such field."""
+    for flag, expected in (([], None), (["--ignore-eos"], True)):
+        bodies = []
+
+        def answer(number, body):
+            bodies.append(body)
+            return Answer(tokens=2)
+
+        out = tmp_path / f"load{len(flag)}.json"
+        with FakeServer(answer_for=answer) as fake:
+            done = subprocess.run([sys.executable, str(LOADGEN), "--host", "127.0.0.1", "--port", str(fake.port),
+                                   "--model", "tiny", "--concurrency", "1", "--max-tokens", "300",
+                                   "--duration", "0.3", "--out", str(out), *flag],
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert bodies and {body.get("ignore_eos") for body in bodies} == {expected}
+        assert {body["max_tokens"] for body in bodies} == {300}
+        assert json.loads(out.read_text())["ignore_eos"] is bool(expected)
