@@ -26,6 +26,17 @@ LOG = f"""\
 {ESC}[31mfleet ➜ side_effect: Executed: Failed{ESC}[0m
 """
 
+# The last lines of a run that failed outside any play: the block ends before Molecule's summary.
+TAIL = """\
+  │ fatal: [localhost]: FAILED! =>
+  │     msg: boom
+
+DETAILS
+fleet ➜ side_effect: Executed: Failed
+SCENARIO RECAP
+fleet : failed=1
+"""
+
 
 def run(tmp_path, text, *extra):
     log = tmp_path / "molecule.log"
@@ -40,6 +51,10 @@ def test_the_last_failed_task_is_printed_without_colours(tmp_path):
     assert out[0].startswith("== the last failure in ")
     assert out[1:] == ["fatal: [localhost]: FAILED! => ", "    assertion: load.failed == 0", "    changed: false",
                        "    evaluated_to: false", "    msg: 'roll to B: sent 300, failed 2'"]
+
+
+def test_the_block_ends_before_molecules_summary(tmp_path):
+    assert run(tmp_path, TAIL)[1:] == ["fatal: [localhost]: FAILED! =>", "    msg: boom"]
 
 
 def test_a_long_block_keeps_its_header_and_message(tmp_path):
