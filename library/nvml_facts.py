@@ -157,7 +157,6 @@ facts_path:
   type: str
 """
 
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_files import write_atomic
 from ansible.module_utils.revive_nvml import GpuProbeError, plan_facts_file, probe

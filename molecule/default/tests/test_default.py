@@ -1,5 +1,8 @@
 """The default scenario's node after site.yml: a booted systemd host, reachable over SSH by key only,
-whose NVML (the lab's fake driver, read by unmodified pynvml) reports exactly its GPU profile."""
+whose NVML (the lab's fake driver, read by unmodified pynvml) reports exactly its GPU profile, and whose replicas
+serve warmed up with no front door."""
+import json
+
 from lab_testinfra import lab_host, lab_hosts, nvml_view, profile_as_nvml_view
 
 testinfra_hosts = lab_hosts("gpu_nodes")
@@ -28,8 +31,6 @@ def test_pynvml_reports_exactly_the_nodes_gpu_profile(host):
 
 def test_with_no_front_door_every_replica_of_the_current_release_runs_warmed_up_and_healthy(host):
     # The scenario has no `lb` host: handover.yml warms the node up and records the report without HAProxy.
-    import json
-
     record = json.loads(host.file("/var/lib/revive/releases.json").content_string)
     report = json.loads(host.file("/var/lib/revive/handover.json").content_string)
     replicas = record["current"]["replicas"]
