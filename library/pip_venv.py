@@ -5,11 +5,13 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: pip_venv
-short_description: A Python venv with exact pins from an index, a mirror or a wheelhouse, rebuilt when half-built
+short_description: A Python venv installed from a hash lock (an index, a mirror or a wheelhouse), rebuilt when half-built
 description:
-  - Creates a virtual environment at O(path) with the node's interpreter O(python) and installs exact pins
-    (C(name==version)) from the public index, an internal mirror or an offline wheelhouse directory on the
-    node (C(--no-index --find-links)). With O(lock), pip runs in hash-checking mode (C(--require-hashes)).
+  - >-
+    Creates a virtual environment at O(path) with the node's interpreter O(python) and installs exactly the
+    hash lock O(lock) from the public index, an internal mirror or an offline wheelhouse directory on the
+    node (C(--no-index --find-links)) with C(pip install --require-hashes --only-binary :all: --no-deps -r LOCK):
+    every file checked against its sha256, no sdist ever built on the node, nothing outside the lock.
   - Idempotent. A venv whose completion marker C(.revive-venv.json) holds the same pins and whose installed
     versions still satisfy them is left alone (V(changed=false)). A venv without the marker (a failed or
     interrupted build), with other pins, a broken interpreter or another Python minor version is removed
@@ -61,10 +63,11 @@ options:
         type: path
   lock:
     description:
-      - A requirements file on the node with C(--hash=sha256:...) for every requirement; pip then runs in
-        hash-checking mode and installs exactly the lock. It must pin every entry of O(packages) at the same
-        version.
+      - A requirements file on the node with C(--hash=sha256:...) for every requirement (C(bin/revive lock)
+        writes them); pip installs exactly it. It must pin every entry of O(packages) at a version that
+        satisfies the pin; a lock whose header names C(missing) distributions is refused.
     type: path
+    required: true
   verify_import:
     description: A module to import in the venv after the install (and when the venv is kept); its C(__version__) must satisfy O(verify_version).
     type: str
@@ -100,21 +103,22 @@ EXAMPLES = r"""
     source:
       type: wheelhouse
       wheelhouse: /var/cache/revive/wheelhouse
+    lock: /var/cache/revive/locks/probe-venv.txt
 
 - name: vLLM release venv from an internal mirror, hash-checked, import verified
   pip_venv:
-    path: /opt/vllm/venvs/0.5.4-3f9a1c2e
+    path: /opt/vllm/venvs/0.8.5.post1-3f9a1c2e
     python: /usr/bin/python3.10
-    packages: [vllm==0.5.4, torch==2.4.0, xformers==0.0.27.post2]
+    packages: [vllm==0.8.5.post1, torch==2.6.0, xformers==0.0.29.post2]
     source:
       type: mirror
       index_url: http://pypi.mirror.internal/simple
       trusted_host: pypi.mirror.internal
-    lock: /etc/revive/locks/vllm-0.5.4.txt
+    lock: /var/cache/revive/locks/vllm-0.8.5.post1-py3.10.txt
     verify_import: vllm
   register: runtime_venv
 
-- name: Say which build was installed (e.g. 0.5.4+sim in the lab)
+- name: Say which build was installed (e.g. 0.8.5.post1+sim in the lab)
   ansible.builtin.debug:
     msg: "vllm {{ runtime_venv.import_version }} (local label {{ runtime_venv.local_label }})"
 """
@@ -193,7 +197,7 @@ def main() -> None:
             "python": {"type": "str", "default": "python3"},
             "packages": {"type": "list", "elements": "str", "required": True},
             "source": {"type": "dict", "default": {}, "options": SOURCE_SPEC},
-            "lock": {"type": "path"},
+            "lock": {"type": "path", "required": True},
             "verify_import": {"type": "str"},
             "verify_version": {"type": "str"},
         },

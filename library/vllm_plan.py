@@ -86,6 +86,15 @@ options:
   host_ram_mb:
     description: Host RAM in MiB (C(ansible_facts['memtotal_mb'])); bounds C(--swap-space), which is pinned at start.
     type: int
+  package_source:
+    description:
+      - Where the nodes get Python packages (the runtime role's source). A release whose dependencies PyPI can no
+        longer satisfy (the data's C(installability), e.g. 0.5.4) is refused when this is the public index.
+    type: dict
+    default: {}
+    suboptions:
+      type: {description: C(index), C(mirror) or C(wheelhouse)., type: str, default: index, choices: [index, mirror, wheelhouse]}
+      index_url: {description: The index or mirror's simple API URL., type: str, default: "https://pypi.org/simple"}
   fail_on_refusal:
     description: Fail the task on a refusal; when false, return C(refused=true) and the reason so the play can quarantine the host.
     type: bool
@@ -179,7 +188,9 @@ release:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_plan import (
+    PUBLIC_INDEX,
     Overrides,
+    PackageSource,
     PlanError,
     PlanRefusal,
     Serve,
@@ -213,6 +224,11 @@ SERVE_SPEC = {
     "base_port": {"type": "int", "default": 8000},
 }
 
+SOURCE_SPEC = {
+    "type": {"type": "str", "default": "index", "choices": ["index", "mirror", "wheelhouse"]},
+    "index_url": {"type": "str", "default": PUBLIC_INDEX},
+}
+
 
 def main() -> None:
     module = AnsibleModule(
@@ -224,6 +240,7 @@ def main() -> None:
             "overrides": {"type": "dict", "default": {}, "options": OVERRIDES_SPEC},
             "serve": {"type": "dict", "default": {}, "options": SERVE_SPEC},
             "host_ram_mb": {"type": "int"},
+            "package_source": {"type": "dict", "default": {}, "options": SOURCE_SPEC},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -236,7 +253,8 @@ def main() -> None:
     host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
     try:
         release = plan_release(params["gpu"], params["model"], releases, Workload(**params["workload"]),
-                               Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram)
+                               Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram,
+                               PackageSource(**params["package_source"]))
     except PlanRefusal as exc:
         refusal = {"reason": exc.reason, "source": exc.source}
         if params["fail_on_refusal"]:

@@ -10,7 +10,10 @@ Rules (each has a test in tests/unit/test_plan*.py):
 
 * Release: the operator's pin, else the data's default for the lowest compute capability; refused when
   the release has no kernels for the CC (min_compute_capability, the Volta cut-offs: 0.20+ refused), when
-  the driver branch or CUDA driver version is below the release's, or its engine is "none" on this CC.
+  the driver branch or CUDA driver version is below the release's, or its engine is "none" on this CC;
+  refused when a compiled dependency of the release (vLLM's _C, xFormers, torch: the data's ``kernels``,
+  scanned from the wheels) has no code for the GPU's sm, and when the package source is PyPI but the
+  release's dependencies can no longer be satisfied from it (the data's ``installability``: 0.5.4).
 * dtype ``half`` on CC < 8.0 (0.5.4 never falls back: ``auto`` + BF16 weights dies at start, ref §1.4);
   BF16 weights on Volta are a warning that the sync role converts them (or a refusal when conversion
   is not allowed). On CC >= 8.0 the checkpoint dtype (bfloat16/float16) is kept.
@@ -157,6 +160,25 @@ class Overrides:
     swap_space: Optional[float] = None
     exclude_gpus: Sequence[int] = ()
     allow_bf16_conversion: bool = True
+
+
+PUBLIC_INDEX = "https://pypi.org/simple"
+
+
+@dataclass
+class PackageSource:
+    """Where the nodes' packages come from (the runtime role's source): the public index, a mirror, a wheelhouse."""
+
+    type: str = "index"
+    index_url: str = PUBLIC_INDEX
+
+    @property
+    def is_public_index(self) -> bool:
+        return self.type == "index" and self.index_url.rstrip("/") in (PUBLIC_INDEX, "https://pypi.python.org/simple")
+
+    def describe(self) -> str:
+        return "PyPI" if self.is_public_index else f"{self.type} {self.index_url}" if self.type != "wheelhouse" \
+            else "a wheelhouse"
 
 
 @dataclass
@@ -412,25 +434,25 @@ def predict_layout(model: Dict[str, Any], gpus: GpuSet, tensor_parallel_size: in
 
 # ------------------------------------------------------------------------------------------ planner
 
-def _release_for(gpus: GpuSet, releases: ReleaseData, overrides: Overrides, decisions: Decisions) -> Release:
+def _release_for(gpus: GpuSet, releases: ReleaseData, overrides: Overrides, decisions: Decisions,
+                 source: PackageSource) -> Release:
     cc_text = f"{gpus.cc[0]}.{gpus.cc[1]}"
     if overrides.vllm_version:
         version = overrides.vllm_version
         why = "pinned by the operator"
-        source = "operator override"
+        source_text = "operator override"
     else:
         try:
             version, why = releases.default_release(gpus.cc)
         except ReleaseDataError as exc:
             raise PlanRefusal(f"{gpus.name} (CC {cc_text}): {exc}. No vLLM release in the data runs on it.",
                               "data default_release_by_cc") from None
-        source = "data default_release_by_cc; " + (f"{NOTES} 'Software stack that worked'"
-                                                    if version == "0.5.4" else "ref §1.1")
+        source_text = "data default_release_by_cc; docs/runtime-install.md"
     if gpus.cc < (8, 0):
         status = releases.volta_status(version)
         if status["status"] == "refused":
             raise PlanRefusal(f"vLLM {version} cannot run on {gpus.name} (CC {cc_text}): {status['reason']}. "
-                              "Use 0.5.4 (tested) or 0.10.1.1.", "data volta_support; ref §1.2")
+                              "Use the Volta default (no pin) or 0.5.4 from a mirror that supplies it.", "data volta_support")
         if status["status"] == "experimental":
             decisions.warnings.append(f"vLLM {version} on CC {cc_text} is experimental: {status['reason']}")
     try:
@@ -455,7 +477,19 @@ def _release_for(gpus: GpuSet, releases: ReleaseData, overrides: Overrides, deci
     if cuda_min and cuda_have and parse_cc(str(cuda_have)) < parse_cc(str(cuda_min)):
         raise PlanRefusal(f"the driver supports CUDA {cuda_have}; vLLM {version} needs CUDA {cuda_min} or newer.",
                           "data driver.cuda_driver_min")
-    decisions.add("vllm_version", version, f"{why}", source)
+    gaps = release.kernel_gaps(gpus.cc)
+    if gaps:
+        raise PlanRefusal(f"vLLM {version} cannot run on {gpus.name} (CC {cc_text}): its compiled dependencies "
+                          f"{'; '.join(gaps)} carry no code for sm_{gpus.cc[0]}{gpus.cc[1]}. Pin a release whose "
+                          "wheels have it (bin/revive plan lists the default).", "data kernels (wheel fatbin scan)")
+    installability = release.installability
+    if installability is not None and not installability.pypi and source.is_public_index:
+        raise PlanRefusal(f"vLLM {version} cannot be installed from PyPI: {installability.reason}. What you can do: "
+                          f"{installability.remedy}.", "data installability; docs/runtime-install.md")
+    if version == "0.5.4":
+        why += ("; the field notes' measured release (their table was taken on it), installed from "
+                f"{source.describe()}, which must supply its whole lock")
+    decisions.add("vllm_version", version, f"{why}", source_text)
     return release
 
 
@@ -614,8 +648,10 @@ def plan_release(
     overrides: Optional[Overrides] = None,
     serve: Optional[Serve] = None,
     host_ram_bytes: Optional[int] = None,
+    source: Optional[PackageSource] = None,
 ) -> Dict[str, Any]:
     """Plan a release (see the module docstring); raises PlanRefusal or PlanError."""
+    source = source or PackageSource()
     workload = workload or Workload()
     overrides = overrides or Overrides()
     serve = serve or Serve()
@@ -625,7 +661,7 @@ def plan_release(
         decisions.warnings.append(f"GPU facts are simulated ({origin}): the plan is for the described hardware, "
                                   "not for a probed one")
     gpus = gpu_set_from_facts(gpu_facts, overrides.exclude_gpus, decisions)
-    release = _release_for(gpus, releases, overrides, decisions)
+    release = _release_for(gpus, releases, overrides, decisions, source)
     engine = release.engine_for(gpus.cc)
     backend = release.attention_backend_for(gpus.cc)
     volta = gpus.cc < (8, 0)
@@ -854,7 +890,7 @@ def _build(model: Dict[str, Any], gpus: GpuSet, release: Release, engine: str, b
                       f"{NOTES} 'Failures met' 6")
     if release.get("request_logging_default"):
         flags.append("--disable-log-requests")
-        decisions.add("disable_log_requests", True, "0.5.4 logs every request's prompt by default",
+        decisions.add("disable_log_requests", True, f"vLLM {release.version} logs every request's prompt by default",
                       f"ref §2.1; {NOTES} 'Launch command'")
 
     replica_list: List[Dict[str, Any]] = []

@@ -79,6 +79,30 @@ class CliArgument:
 
 
 @dataclass(frozen=True)
+class Installability:
+    """Whether the release's published dependencies can be satisfied from the public index today."""
+
+    pypi: bool
+    reason: str
+    remedy: str
+
+
+@dataclass(frozen=True)
+class KernelScan:
+    """The GPU code one compiled dependency of a release carries (tools/release_facts.py kernels)."""
+
+    distribution: str
+    version: str
+    cubin_archs: Tuple[int, ...]
+    ptx_archs: Tuple[int, ...]
+
+    def runs_on(self, arch: int) -> bool:
+        # A cubin runs on its own major at an equal or higher minor; PTX JIT-compiles for any newer GPU.
+        return (any(a // 10 == arch // 10 and a <= arch for a in self.cubin_archs)
+                or any(a <= arch for a in self.ptx_archs))
+
+
+@dataclass(frozen=True)
 class Release:
     version: str
     status: str
@@ -95,6 +119,14 @@ class Release:
     arguments: Tuple[CliArgument, ...]
     metrics: Tuple[str, ...]
     raw: Dict[str, Any] = field(repr=False)
+    installability: Optional[Installability] = None
+    kernels: Tuple[KernelScan, ...] = ()
+
+    def kernel_gaps(self, cc: Tuple[int, int]) -> List[str]:
+        """Compiled dependencies of the release with no code for this CC (from the wheels' fatbin scan)."""
+        arch = cc[0] * 10 + cc[1]
+        return [f"{scan.distribution} {scan.version} (cubins sm_{', sm_'.join(str(a) for a in scan.cubin_archs)})"
+                for scan in self.kernels if not scan.runs_on(arch)]
 
     def engine_for(self, cc: Tuple[int, int]) -> str:
         return self.engine_by_cc["below_8" if cc < (8, 0) else "from_8"]
@@ -308,12 +340,62 @@ def _load_release(version: str, entry: Any) -> Release:
                 raise ReleaseDataError(f"{where}.cli.arguments[{n}]: flag {flag} already defined at [{seen[flag]}]")
             seen[flag] = n
     metrics = _require(entry, "metrics", list, where)
+    installability = _load_installability(entry.get("installability"), f"{where}.installability")
+    if entry.get("lock") is not None:
+        _load_lock_inputs(entry["lock"], f"{where}.lock")
+        if installability is None:
+            raise ReleaseDataError(f"{where}: a release with a lock block needs an installability block")
+    kernels = tuple(_load_kernel_scan(scan, f"{where}.kernels[{n}]")
+                    for n, scan in enumerate(entry.get("kernels") or []))
     return Release(
         version=version, status=status, min_compute_capability=min_cc, engine_by_cc=dict(engine_by_cc),
         attention_backend_by_cc=dict(backend_by_cc), kv_sizing_by_engine=dict(kv_sizing),
         pins={k: str(v) for k, v in pins.items()}, driver=dict(driver), defaults=dict(defaults),
         quantization_min_cc=dict(quant), entrypoint=tuple(entrypoint), cli_complete=complete,
-        arguments=arguments, metrics=tuple(metrics), raw=entry)
+        arguments=arguments, metrics=tuple(metrics), raw=entry, installability=installability,
+        kernels=kernels)
+
+
+def _load_installability(entry: Any, where: str) -> Optional[Installability]:
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping")
+    pypi = _require(entry, "pypi", bool, where)
+    reason = _require(entry, "reason", str, where)
+    remedy = entry.get("remedy") or ""
+    if not pypi and not remedy:
+        raise ReleaseDataError(f"{where}.remedy: a release PyPI cannot install must say what the operator can do")
+    return Installability(pypi=pypi, reason=reason.strip(), remedy=str(remedy).strip())
+
+
+def _load_lock_inputs(entry: Any, where: str) -> None:
+    if not isinstance(entry, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping")
+    _require(entry, "exclude_newer", str, where)
+    _require(entry, "platform", str, where)
+    pythons = _require(entry, "pythons", list, where)
+    if not pythons or not all(re.fullmatch(r"3\.\d+", str(p)) for p in pythons):
+        raise ReleaseDataError(f"{where}.pythons: expected a list of Python versions like '3.10'")
+    for key in ("constraints", "supplied"):
+        for n, item in enumerate(_require(entry, key, list, where)):
+            if not isinstance(item, dict):
+                raise ReleaseDataError(f"{where}.{key}[{n}]: expected a mapping")
+            for field_name in ("requirement", "reason", "source"):
+                _require(item, field_name, str, f"{where}.{key}[{n}]")
+
+
+def _load_kernel_scan(entry: Any, where: str) -> KernelScan:
+    if not isinstance(entry, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping")
+    archs = {}
+    for key in ("cubin_archs", "ptx_archs"):
+        values = entry.get(key) or []
+        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+            raise ReleaseDataError(f"{where}.{key}: expected a list of integers like 70 (= sm_70)")
+        archs[key] = tuple(sorted(values))
+    return KernelScan(distribution=str(_require(entry, "distribution", str, where)),
+                      version=str(_require(entry, "version", str, where)), **archs)
 
 
 def load_release_data(data: Any, source: str = "data/vllm-releases.yml") -> ReleaseData:

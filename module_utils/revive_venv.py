@@ -6,8 +6,12 @@ Used by library/pip_venv.py: the preflight's probe venv (nvidia-ml-py) and the r
 - Pins are exact (`name==version`); versions are compared as PEP 440 does, so `==0.5.4` is satisfied by
   `0.5.4+sim` (a specifier without a local label ignores the candidate's label) and the label is reported.
 - The source is the public index, an internal mirror (index URL, optionally a trusted plain-HTTP host) or
-  a wheelhouse directory on the node (`--no-index --find-links`). A lock (requirements file with
-  `--hash` options) puts pip into hash-checking mode; it must pin every requested package at its version.
+  a wheelhouse directory on the node (`--no-index --find-links`).
+- pip installs exactly a lock (module_utils/revive_lockfile.py format: every distribution `==`-pinned with
+  the sha256 of its files) and nothing else: `--require-hashes --only-binary :all: --no-deps -r LOCK`. No
+  resolution happens on the node, no sdist is ever built there (building one runs its code as root), and
+  the lock must pin every requested package at its version. A lock that names distributions it could not
+  hash (`# missing:`) is refused.
 - Completion marker: `<venv>/.revive-venv.json`, holding the pins, is written last. A venv without it (a
   failed or interrupted build) is never used: it is removed and built again. A complete venv whose
   installed versions still match the pins is left alone.
@@ -150,6 +154,11 @@ def parse_pins(texts: List[str]) -> List[Pin]:
 
 def parse_lock(text: str, where: str) -> List[Pin]:
     """The pins of a hash lock (pip requirements format); every requirement must carry a --hash."""
+    missing = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# missing:")]
+    if missing:
+        raise VenvError(f"lock {where} is incomplete: it needs {'; '.join(missing)}, which it could not hash "
+                        "(the index does not serve it). Supply the file through your mirror or wheelhouse and "
+                        "regenerate the lock with `bin/revive lock VERSION --supply DIR`")
     logical: List[str] = []
     pending = ""
     for raw in text.splitlines():
@@ -185,8 +194,7 @@ def check_lock_covers(pins: List[Pin], lock_pins: List[Pin], where: str) -> None
         found = locked.get(pin.key)
         if found is None:
             problems.append(f"{pin} is not in it")
-        elif parse_version(found.version).public != parse_version(pin.version).public or \
-                parse_version(found.version).local != parse_version(pin.version).local:
+        elif not satisfies_pin(found.version, pin.version):
             problems.append(f"it pins {found} where packages ask {pin}")
     if problems:
         raise VenvError(f"lock {where} does not match the packages: " + "; ".join(problems) +
@@ -236,17 +244,17 @@ def venv_python(path: str) -> str:
     return os.path.join(path, "bin", "python")
 
 
-def pip_install_argv(path: str, pins: List[Pin], source: Source, lock: Optional[str]) -> List[str]:
-    """`python -m pip install` in the venv; --isolated so no pip.conf or PIP_* variable changes the source."""
+def pip_install_argv(path: str, source: Source, lock: str) -> List[str]:
+    """`python -m pip install` of exactly the lock in the venv.
+
+    --isolated: no pip.conf or PIP_* variable changes the source; --require-hashes: every file must match the
+    lock; --only-binary :all:: never build an sdist (its setup code would run as root); --no-deps: nothing the
+    lock does not name (check_lock_covers has made sure it holds every requested pin).
+    """
     argv = [venv_python(path), "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-input",
             "--progress-bar", "off"]
     argv += source_args(source)
-    if lock:
-        # In hash-checking mode every requirement needs a hash, so the pins come from the lock alone
-        # (check_lock_covers has made sure it holds each of them).
-        argv += ["--require-hashes", "-r", lock]
-    else:
-        argv += [str(pin) for pin in pins]
+    argv += ["--require-hashes", "--only-binary", ":all:", "--no-deps", "-r", lock]
     return argv
 
 
@@ -365,8 +373,8 @@ class VenvSpec:
     path: str
     python: str
     packages: List[str]
+    lock: str
     source: Source = Source()
-    lock: Optional[str] = None
     verify_import: Optional[str] = None
     verify_version: Optional[str] = None
 
@@ -459,7 +467,9 @@ def ensure_venv(spec: VenvSpec, run: Runner, check_mode: bool, host: str) -> Ven
     # In check mode the task copying the wheelhouse or the lock may not have run for real: what is missing is
     # only fatal when something is to be built.
     lock_pins: List[Pin] = []
-    if spec.lock and (os.path.exists(spec.lock) or not check_mode):
+    if not spec.lock:
+        raise VenvError("no lock given: a node installs only from a hash lock (bin/revive lock generates one)")
+    if os.path.exists(spec.lock) or not check_mode:
         try:
             with open(spec.lock, encoding="utf-8") as handle:
                 lock_text = handle.read()
@@ -474,7 +484,7 @@ def ensure_venv(spec: VenvSpec, run: Runner, check_mode: bool, host: str) -> Ven
     base_version = base_python_version(spec.python, run, host)
     found = inspect_venv(spec.path, run)
     decision = decide(found, pins, lock_pins, base_version, spec.path)
-    argv = pip_install_argv(spec.path, pins, spec.source, spec.lock)
+    argv = pip_install_argv(spec.path, spec.source, spec.lock)
     result = VenvResult(
         changed=decision.action != "unchanged", action=decision.action, reason=decision.reason, path=spec.path,
         python=venv_python(spec.path), python_version=found.python_version,
@@ -523,8 +533,8 @@ def build(spec: VenvSpec, argv: List[str], run: Runner, host: str) -> None:
         raise VenvError(f"`{spec.python} -m venv {spec.path}` failed on {host}: {_tail(err or out, 4)}; {hint}")
     rc, out, err = run(argv)
     if rc != 0:
-        raise VenvError(f"pip could not install {', '.join(spec.packages)} into {spec.path} on {host} from "
-                        f"{spec.source.describe()}{' with lock ' + spec.lock if spec.lock else ''}:\n"
+        raise VenvError(f"pip could not install the lock {spec.lock} ({', '.join(spec.packages)}) into {spec.path} "
+                        f"on {host} from {spec.source.describe()}:\n"
                         f"{_tail(err or out, 12)}\nThe venv has no completion marker, so it is never used and is "
                         "rebuilt on the next run; fix the source (a missing wheel, a hash, the index URL) and run again")
 

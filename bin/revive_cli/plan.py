@@ -28,7 +28,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.revive_kv import GiB
 from ansible.module_utils.revive_model import ModelInspectError, inspect_model
 from ansible.module_utils.revive_plan import (
+    PUBLIC_INDEX,
     Overrides,
+    PackageSource,
     PlanError,
     PlanRefusal,
     Serve,
@@ -113,6 +115,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--model-path", help="model path as the server sees it (default --model's directory)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--no-bf16-conversion", action="store_true", help="refuse BF16 weights on GPUs without BF16")
+    parser.add_argument("--source", choices=["index", "mirror", "wheelhouse"], default="index",
+                        help="where the nodes get packages (default: the index, PyPI unless --index-url)")
+    parser.add_argument("--index-url", default=PUBLIC_INDEX, help="the index or mirror's simple API URL")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser.parse_args(argv)
 
@@ -143,6 +148,7 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
                   exclude_gpus=excluded, allow_bf16_conversion=not args.no_bf16_conversion),
         Serve(model_path=args.model_path or model_dir, served_model_name=args.served_model_name),
         int(ram_gib * GiB) if ram_gib else None,
+        PackageSource(type=args.source, index_url=args.index_url),
     )
     return result, origin
 

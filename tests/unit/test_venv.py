@@ -64,25 +64,26 @@ def test_a_package_pinned_twice_is_refused():
         parse_pins(["torch==2.4.0", "Torch==2.3.0"])
 
 
+LOCK_ONLY = ["--require-hashes", "--only-binary", ":all:", "--no-deps", "-r", "/etc/lock.txt"]
+
+
 def test_source_arguments_for_index_mirror_and_wheelhouse():
-    pins = [Pin("vllm", "0.5.4")]
-    index = pip_install_argv("/v", pins, source_from_params({}), None)
-    mirror = pip_install_argv("/v", pins, source_from_params(
-        {"type": "mirror", "index_url": "http://pypi.internal/simple", "trusted_host": "pypi.internal"}), None)
-    wheelhouse = pip_install_argv("/v", pins, source_from_params(
-        {"type": "wheelhouse", "wheelhouse": "/var/cache/revive/wheelhouse"}), None)
+    index = pip_install_argv("/v", source_from_params({}), "/etc/lock.txt")
+    mirror = pip_install_argv("/v", source_from_params(
+        {"type": "mirror", "index_url": "http://pypi.internal/simple", "trusted_host": "pypi.internal"}), "/etc/lock.txt")
+    wheelhouse = pip_install_argv("/v", source_from_params(
+        {"type": "wheelhouse", "wheelhouse": "/var/cache/revive/wheelhouse"}), "/etc/lock.txt")
     common = ["/v/bin/python", "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-input",
               "--progress-bar", "off"]
-    assert index == common + ["--index-url", "https://pypi.org/simple", "vllm==0.5.4"]
-    assert mirror == common + ["--index-url", "http://pypi.internal/simple", "--trusted-host", "pypi.internal",
-                               "vllm==0.5.4"]
-    assert wheelhouse == common + ["--no-index", "--find-links", "/var/cache/revive/wheelhouse", "vllm==0.5.4"]
+    assert index == common + ["--index-url", "https://pypi.org/simple"] + LOCK_ONLY
+    assert mirror == common + ["--index-url", "http://pypi.internal/simple", "--trusted-host", "pypi.internal"] + LOCK_ONLY
+    assert wheelhouse == common + ["--no-index", "--find-links", "/var/cache/revive/wheelhouse"] + LOCK_ONLY
 
 
-def test_a_lock_puts_pip_into_hash_checking_mode_with_the_lock_alone():
-    argv = pip_install_argv("/v", [Pin("vllm", "0.5.4")], Source("wheelhouse", wheelhouse="/w"), "/etc/lock.txt")
-    assert argv[-3:] == ["--require-hashes", "-r", "/etc/lock.txt"]
-    assert "vllm==0.5.4" not in argv
+def test_pip_installs_the_lock_alone_binary_only_without_resolving():
+    argv = pip_install_argv("/v", Source("wheelhouse", wheelhouse="/w"), "/etc/lock.txt")
+    assert argv[-6:] == LOCK_ONLY
+    assert not [word for word in argv if "==" in word]
 
 
 @pytest.mark.parametrize("params, message", [
@@ -116,6 +117,7 @@ def test_a_lock_line_without_hash_is_refused_with_its_name():
 def test_the_lock_must_hold_every_pin_at_its_version():
     lock = parse_lock(LOCK, "lock.txt")
     check_lock_covers([Pin("vllm", "0.5.4")], lock, "lock.txt")
+    check_lock_covers([Pin("vllm", "0.5.4")], [Pin("vllm", "0.5.4+sim")], "lab-lock.txt")  # PEP 440: label allowed
     with pytest.raises(VenvError, match=r"it pins torch==2.4.0 where packages ask torch==2.3.1; "
                                         r"xformers==0.0.27.post2 is not in it"):
         check_lock_covers([Pin("torch", "2.3.1"), Pin("xformers", "0.0.27.post2")], lock, "lock.txt")

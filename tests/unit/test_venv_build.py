@@ -81,8 +81,40 @@ def template(tmp_path_factory) -> Path:
     return path
 
 
-def spec(path: Path, wheelhouse: Path, packages=("tinypkg==1.0",), **kwargs) -> VenvSpec:
-    return VenvSpec(path=str(path), python=PYTHON, packages=list(packages),
+def wheel_for(wheelhouse: Path, pin: str) -> tuple[Path | None, list[str]]:
+    """The wheel of `name==version` in the wheelhouse (PEP 440: a local label is allowed) and its exact deps."""
+    name, version = pin.split("==")
+    for wheel in sorted(wheelhouse.glob(f"{name}-*.whl")) if wheelhouse.is_dir() else []:
+        if wheel.name.split("-")[1].split("+")[0] == version.split("+")[0]:
+            with zipfile.ZipFile(wheel) as archive:
+                metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("/METADATA"))
+            return wheel, [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist")]
+    return None, []
+
+
+def auto_lock(wheelhouse: Path, packages, dest: Path) -> Path:
+    """A hash lock for `packages` and their dependencies from the wheelhouse, as `bin/revive lock` writes one; a
+    pin with no wheel gets a hash nothing matches (the install must then fail)."""
+    lines, todo, seen = [], list(packages), set()
+    while todo:
+        pin = todo.pop(0)
+        if pin in seen:
+            continue
+        seen.add(pin)
+        wheel, requires = wheel_for(wheelhouse, pin)
+        if wheel is None:
+            lines.append(f"{pin} --hash=sha256:{'0' * 64}")
+            continue
+        version = wheel.name.split("-")[1]
+        lines.append(f"{pin.split('==')[0]}=={version} --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}")
+        todo += requires
+    dest.write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def spec(path: Path, wheelhouse: Path, packages=("tinypkg==1.0",), lock=None, **kwargs) -> VenvSpec:
+    lock = lock or str(auto_lock(wheelhouse, packages, path.parent / f"lock-{'-'.join(packages)}.txt"))
+    return VenvSpec(path=str(path), python=PYTHON, packages=list(packages), lock=lock,
                     source=Source("wheelhouse", wheelhouse=str(wheelhouse)), **kwargs)
 
 
@@ -91,12 +123,14 @@ def test_first_build_with_real_python_m_venv(tmp_path, wheelhouse):
     result = ensure_venv(spec(tmp_path / "venv", wheelhouse, verify_import="tinypkg"), run, False, "node1")
     assert (result.changed, result.action) == (True, "create")
     assert result.installed == {"tinypkg": "1.0+sim"}
-    assert result.distributions["tinydep"] == "2.0"  # dependency resolved from the wheelhouse
+    assert result.distributions["tinydep"] == "2.0"  # the dependency comes from the lock, not from resolution
     assert (result.import_version, result.local_label) == ("1.0+sim", "sim")
     assert run.calls[1] == [PYTHON, "-m", "venv", str(tmp_path / "venv")]
     assert run.pip_installs() == [[str(tmp_path / "venv/bin/python"), "-m", "pip", "install", "--isolated",
                                    "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-                                   "--no-index", "--find-links", str(wheelhouse), "tinypkg==1.0"]]
+                                   "--no-index", "--find-links", str(wheelhouse), "--require-hashes",
+                                   "--only-binary", ":all:", "--no-deps", "-r",
+                                   str(tmp_path / "lock-tinypkg==1.0.txt")]]
     marker = json.loads((tmp_path / "venv" / MARKER).read_text())
     assert marker["pins"] == ["tinypkg==1.0"]
     assert marker["installed"] == {"tinypkg": "1.0+sim"}
@@ -127,7 +161,8 @@ def test_a_failed_install_leaves_no_marker_then_is_rebuilt_and_never_used(tmp_pa
     path = tmp_path / "venv"
     with pytest.raises(VenvError) as failed:
         ensure_venv(spec(path, wheelhouse, packages=("tinypkg==9.9",)), Runner(template), False, "node1")
-    assert f"pip could not install tinypkg==9.9 into {path} on node1 from wheelhouse {wheelhouse}" in str(failed.value)
+    assert (f"pip could not install the lock {tmp_path / 'lock-tinypkg==9.9.txt'} (tinypkg==9.9) into {path} on node1 "
+            f"from wheelhouse {wheelhouse}") in str(failed.value)
     assert "No matching distribution found for tinypkg==9.9" in str(failed.value)
     assert (path / "pyvenv.cfg").exists() and not (path / MARKER).exists()
 
@@ -179,7 +214,41 @@ def test_a_lock_installs_in_hash_checking_mode(tmp_path, wheelhouse, template):
     result = ensure_venv(spec(tmp_path / "venv", wheelhouse, packages=("tinypkg==1.0+sim",), lock=str(lock)),
                          run, False, "node1")
     assert result.installed == {"tinypkg": "1.0+sim"}
-    assert run.pip_installs()[0][-3:] == ["--require-hashes", "-r", str(lock)]
+    assert run.pip_installs()[0][-6:] == ["--require-hashes", "--only-binary", ":all:", "--no-deps", "-r", str(lock)]
+
+
+def test_the_lock_alone_decides_what_is_installed(tmp_path, wheelhouse, template):
+    """--no-deps: a dependency the lock leaves out is not resolved behind its back (here: the import then fails)."""
+    lock = tmp_path / "lock.txt"
+    wheel = wheelhouse / "tinypkg-1.0+sim-py3-none-any.whl"
+    lock.write_text(f"tinypkg==1.0+sim --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n")
+    with pytest.raises(VenvError, match=r"(?s)`import tinypkg` fails .*No module named 'tinydep'"):
+        ensure_venv(spec(tmp_path / "venv", wheelhouse, packages=("tinypkg==1.0",), lock=str(lock),
+                         verify_import="tinypkg"), Runner(template), False, "node1")
+
+
+def test_an_incomplete_lock_is_refused_before_anything_is_built(tmp_path, wheelhouse):
+    lock = auto_lock(wheelhouse, ("tinypkg==1.1",), tmp_path / "lock.txt")
+    lock.write_text("# missing: pyairports==2.1.1 -- vllm-project/vllm#23983\n" + lock.read_text())
+    run = Runner()
+    with pytest.raises(VenvError, match=r"lock .*lock.txt is incomplete: it needs pyairports==2.1.1 -- "
+                                        r"vllm-project/vllm#23983, which it could not hash"):
+        ensure_venv(spec(tmp_path / "venv", wheelhouse, packages=("tinypkg==1.1",), lock=str(lock)), run, False,
+                    "node1")
+    assert run.calls == [] and not (tmp_path / "venv").exists()
+
+
+def test_no_lock_is_refused(tmp_path, wheelhouse):
+    with pytest.raises(VenvError, match="no lock given: a node installs only from a hash lock"):
+        ensure_venv(VenvSpec(path=str(tmp_path / "venv"), python=PYTHON, packages=["tinypkg==1.1"], lock=""),
+                    Runner(), False, "node1")
+
+
+def test_a_lock_that_does_not_pin_a_package_is_refused(tmp_path, wheelhouse):
+    lock = auto_lock(wheelhouse, ("tinypkg==1.1",), tmp_path / "lock.txt")
+    with pytest.raises(VenvError, match=r"does not match the packages: liar==3.0 is not in it"):
+        ensure_venv(spec(tmp_path / "venv", wheelhouse, packages=("tinypkg==1.1", "liar==3.0"), lock=str(lock)),
+                    Runner(), False, "node1")
 
 
 def test_a_wheel_that_does_not_match_the_lock_is_refused_by_pip(tmp_path, wheelhouse, template):
@@ -209,8 +278,8 @@ def test_a_missing_wheelhouse_says_how_to_get_one(tmp_path):
 
 
 def test_a_missing_interpreter_is_named(tmp_path, wheelhouse):
-    bad = VenvSpec(path=str(tmp_path / "venv"), python="/usr/bin/python3.99", packages=["tinypkg==1.0"],
-                   source=Source("wheelhouse", wheelhouse=str(wheelhouse)))
+    bad = spec(tmp_path / "venv", wheelhouse)
+    bad = VenvSpec(path=bad.path, python="/usr/bin/python3.99", packages=bad.packages, lock=bad.lock, source=bad.source)
     with pytest.raises(VenvError, match=r"the interpreter '/usr/bin/python3.99' does not run on node1"):
         ensure_venv(bad, Runner(), False, "node1")
 
@@ -231,8 +300,9 @@ def test_a_mirror_index_is_used_by_url(tmp_path, wheelhouse, template):
     (tmp_path / "simple" / "index.html").write_text('<html><body><a href="tinypkg/">tinypkg</a></body></html>\n')
     mirror = Source("mirror", index_url=(tmp_path / "simple").as_uri(), trusted_host="pypi.internal")
     run = Runner(template)
+    lock = auto_lock(wheelhouse, ("tinypkg==1.1",), tmp_path / "lock.txt")
     result = ensure_venv(VenvSpec(path=str(tmp_path / "venv"), python=PYTHON, packages=["tinypkg==1.1"],
-                                  source=mirror), run, False, "node1")
+                                  lock=str(lock), source=mirror), run, False, "node1")
     assert result.installed == {"tinypkg": "1.1"}
-    assert run.pip_installs()[0][-5:] == ["--index-url", (tmp_path / "simple").as_uri(), "--trusted-host",
-                                          "pypi.internal", "tinypkg==1.1"]
+    assert run.pip_installs()[0][-10:-6] == ["--index-url", (tmp_path / "simple").as_uri(), "--trusted-host",
+                                             "pypi.internal"]

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from test_venv_build import make_wheel
+from test_venv_build import auto_lock, make_wheel
 
 BIN = os.path.dirname(sys.executable)
 
@@ -28,7 +28,7 @@ def test_ansible_doc_renders_pip_venv(repo):
     proc = subprocess.run([os.path.join(BIN, "ansible-doc"), "-M", "library", "pip_venv"], cwd=repo,
                           env=ansible_env(repo), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "hash-checking mode" in proc.stdout
+    assert "--require-hashes --only-binary :all: --no-deps -r LOCK" in proc.stdout
     assert "completion marker" in proc.stdout
 
 
@@ -36,8 +36,10 @@ def test_ansible_localhost_builds_then_keeps_the_venv_and_check_mode_changes_not
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     make_wheel(wheelhouse, "tinypkg", "1.0+sim", "__version__ = '1.0+sim'\n")
+    lock = auto_lock(wheelhouse, ("tinypkg==1.0",), tmp_path / "lock.txt")
     args = {"path": str(tmp_path / "venv"), "python": sys.executable, "packages": ["tinypkg==1.0"],
-            "source": {"type": "wheelhouse", "wheelhouse": str(wheelhouse)}, "verify_import": "tinypkg"}
+            "source": {"type": "wheelhouse", "wheelhouse": str(wheelhouse)}, "lock": str(lock),
+            "verify_import": "tinypkg"}
 
     checked = adhoc(repo, args, "--check", "--diff")
     assert (checked["changed"], checked["decision"]) == (True, "create")
@@ -56,3 +58,7 @@ def test_ansible_localhost_builds_then_keeps_the_venv_and_check_mode_changes_not
     refused = adhoc(repo, dict(args, packages=["tinypkg>=1.0"]))
     assert refused["failed"] is True
     assert refused["msg"].startswith("package 'tinypkg>=1.0' is not an exact pin: write name==version")
+
+    no_lock = adhoc(repo, {key: value for key, value in args.items() if key != "lock"})
+    assert no_lock["failed"] is True
+    assert no_lock["msg"] == "missing required arguments: lock"

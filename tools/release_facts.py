@@ -1,0 +1,679 @@
+#!/usr/bin/env python3
+"""Facts about a vLLM release read from its real wheels, written into data/vllm-releases.yml.
+
+  release_facts.py cli --python VENV_PYTHON --release 0.8.5.post1 [--lock LOCK] [--write]
+      Build the server's own argparse parser under the venv's interpreter, exactly as
+      `python -m vllm.entrypoints.openai.api_server` does, and dump every action as the release's `cli:` table.
+  release_facts.py kernels --python VENV_PYTHON --release 0.8.5.post1 [--write]
+      Read the CUDA fat binaries (ELF sections .nv_fatbin / .nv.fatbin / __nv_relfatbin) of vllm, xformers and
+      torch in the venv and list the sm_XX of their cubins and PTX, each entry checked by a second method.
+
+Without --write both print what they would write. With --write only the text between the release's marker
+lines is replaced (other parts of the file are edited by hand), after the whole new file passed the loader
+(module_utils/revive_releases.py). This file also runs under the venv's interpreter (Python >= 3.9, stdlib only)
+as `release_facts.py _dump-cli OUT.json`; keep it free of newer syntax and third-party imports at top level.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import enum
+import hashlib
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+RELEASES_FILE = REPO / "data" / "vllm-releases.yml"
+CLI_BEGIN = "    # >>> generated cli: tools/release_facts.py (do not edit by hand)"
+CLI_END = "    # <<< generated cli"
+KERNELS_BEGIN = "    # >>> generated kernels: tools/release_facts.py"
+KERNELS_END = "    # <<< generated kernels"
+ITEM_INDENT = " " * 8                      # `- {...}` lines sit under `cli:` / `arguments:` as in the 0.5.4 table
+LINE_LIMIT = 120                           # longer flow lines wrap into block form, as the 0.5.4 block does
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+class FactsError(Exception):
+    """A fact could not be read from the venv, or could not be written into the release file."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI: argparse actions -> the table's vocabulary (module_utils/revive_releases.py ARG_TYPES / VALUELESS_ACTIONS)
+# ---------------------------------------------------------------------------------------------------------
+
+ACTION_NAMES = {
+    "_StoreAction": "store", "_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false",
+    "_AppendAction": "append", "_StoreConstAction": "store_const", "_AppendConstAction": "append_const",
+    "_CountAction": "count", "_ExtendAction": "extend", "BooleanOptionalAction": "BooleanOptionalAction",
+}
+VALUELESS = ("store_true", "store_false", "BooleanOptionalAction")
+
+
+@dataclass(frozen=True)
+class TypeMapping:
+    name: str                                # a type of the table's vocabulary
+    exact: bool                              # False: the table accepts a subset (or, where noted, a superset)
+    accepts: str                             # what the real callable accepts, for the reader and the report
+
+
+# Callables seen in vLLM server parsers, by `describe_type`. Exact: the loader's check accepts exactly the same
+# strings. Not exact: written with `parser_type:` so a reader sees the approximation; the report lists them.
+TYPE_MAP: Dict[str, TypeMapping] = {
+    "None": TypeMapping("str", True, "any string (argparse passes it through)"),
+    "builtins.str": TypeMapping("str", True, "any string"),
+    "builtins.int": TypeMapping("int", True, "int(value)"),
+    "builtins.float": TypeMapping("float", True, "float(value)"),
+    "json.loads": TypeMapping("json", True, "any JSON text"),
+    "vllm.utils.nullable_str": TypeMapping("nullable_str", True, "any string; '' and 'None' mean None"),
+    "vllm.engine.arg_utils.nullable_str": TypeMapping("nullable_str", True, "any string; '' and 'None' mean None"),
+    "optional_type(builtins.str)": TypeMapping("nullable_str", True, "any string; '' and 'None' mean None"),
+    "optional_type(builtins.int)": TypeMapping(
+        "int", False, "int(value), or '' / 'None' for None (the table refuses '' and 'None')"),
+    "optional_type(builtins.float)": TypeMapping(
+        "float", False, "float(value), or '' / 'None' for None (the table refuses '' and 'None')"),
+    "optional_type(json.loads)": TypeMapping(
+        "json", False, "'' / 'None' (None), a JSON object '{...}', or KEY=INT[,KEY=INT] (deprecated); the table "
+        "takes any JSON and refuses KEY=INT"),
+    "vllm.engine.arg_utils.human_readable_int": TypeMapping(
+        "human_readable_int", True, "int(value), or NUMBER[kmg] (x1000^n) / INT[KMG] (x1024^n)"),
+    "vllm.config.PoolerConfig.from_json": TypeMapping(
+        "json", False, "a JSON object of PoolerConfig fields (the table takes any JSON)"),
+    "vllm.config.KVTransferConfig.from_cli": TypeMapping(
+        "json", False, "a JSON object of KVTransferConfig fields (pydantic model_validate_json; the table takes "
+        "any JSON)"),
+    "vllm.config.CompilationConfig.from_cli": TypeMapping(
+        "str", False, "'0'-'3' (optimisation level) or a Python literal dict of CompilationConfig fields "
+        "(ast.literal_eval); no vocabulary type matches, the table checks nothing"),
+}
+
+
+def describe_type(kind: Any) -> str:
+    """A stable name for an argparse `type=` callable: 'builtins.int', 'optional_type(builtins.str)'."""
+    if kind is None:
+        return "None"
+    qualname = getattr(kind, "__qualname__", type(kind).__qualname__)
+    module = getattr(kind, "__module__", None) or type(kind).__module__
+    code = getattr(kind, "__code__", None)
+    # vllm.engine.arg_utils.optional_type(return_type) returns a closure named _optional_type (0.8.x on)
+    if qualname.endswith("optional_type.<locals>._optional_type") and code is not None and kind.__closure__:
+        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in kind.__closure__)))
+        if "return_type" in cells:
+            return f"optional_type({describe_type(cells['return_type'])})"
+    return f"{module}.{qualname}"
+
+
+def map_type(kind: Any, flag: str) -> Tuple[str, TypeMapping]:
+    described = describe_type(kind)
+    if described not in TYPE_MAP:
+        raise FactsError(
+            f"{flag}: argparse type {described} is not in TYPE_MAP (tools/release_facts.py); read what it accepts "
+            "in the release's source and map it to the closest type of module_utils/revive_releases.py ARG_TYPES "
+            "(exact only if the loader's check accepts the same strings)")
+    return described, TYPE_MAP[described]
+
+
+def json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    return str(value)
+
+
+DEPRECATED_HELP = re.compile(r"\[DEPRECATED\]|\b(?:this|the) (?:parameter|flag|option|argument) is deprecated",
+                             re.IGNORECASE)
+
+
+def deprecation(action: argparse.Action) -> Optional[str]:
+    """The help's first sentence when it marks the flag deprecated (or argparse's deprecated=True, 3.13)."""
+    text = " ".join((action.help or "").split())
+    if DEPRECATED_HELP.search(text):
+        return re.split(r"(?<=\.)\s+(?=[A-Z])", text)[0]  # a new sentence starts upper-case ("i.e. block" does not)
+    if getattr(action, "deprecated", False) is True:
+        return "deprecated (argparse deprecated=True)"
+    return None
+
+
+def dump_actions(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
+    """Every action of `parser` except -h/--help, in the table's vocabulary, in the parser's order."""
+    rows: List[Dict[str, Any]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flags = list(action.option_strings)
+        if not flags:
+            raise FactsError(f"positional argument {action.dest!r}: the table holds options only")
+        name = ACTION_NAMES.get(type(action).__name__, type(action).__name__)
+        row: Dict[str, Any] = {"flags": flags, "action": name}
+        if name not in VALUELESS:
+            described, mapping = map_type(action.type, flags[0])
+            row["type"] = mapping.name
+            if not mapping.exact:
+                row["parser_type"] = described
+        row["default"] = json_safe(action.default)
+        if action.choices is not None:
+            row["choices"] = json_safe(list(action.choices))
+        if action.nargs not in (None, 0):
+            row["nargs"] = action.nargs
+        note = deprecation(action)
+        if note:
+            row["deprecated"] = note
+        rows.append(row)
+    return rows
+
+
+def build_server_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m vllm.entrypoints.openai.api_server` (its `__main__` block, 0.8.x)."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+
+
+def _dump_cli_in_venv(out: str) -> int:
+    import importlib.metadata as metadata
+
+    rows = dump_actions(build_server_parser())
+    facts = {"vllm": metadata.version("vllm"), "python": "%d.%d" % sys.version_info[:2], "arguments": rows}
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(facts, handle)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generated_from: which file the table was made from
+# ---------------------------------------------------------------------------------------------------------
+
+def site_packages(python: str) -> Path:
+    result = _run_venv(python, ["-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"])
+    return Path(result.strip())
+
+
+def _run_venv(python: str, args: Sequence[str], timeout: int = 600) -> str:
+    if not os.access(python, os.X_OK):
+        raise FactsError(f"{python}: not an executable interpreter; pass the venv's bin/python to --python")
+    proc = subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir())
+    if proc.returncode != 0:
+        raise FactsError(f"{python} {' '.join(args[:2])} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def dist_info(site: Path, name: str, version: Optional[str] = None) -> Path:
+    pattern = re.compile(rf"{re.escape(name.replace('-', '_'))}-(.+)\.dist-info", re.IGNORECASE)
+    found = [p for p in site.iterdir() if pattern.fullmatch(p.name) and (version is None or
+                                                                       pattern.fullmatch(p.name).group(1) == version)]
+    if len(found) != 1:
+        raise FactsError(f"{site}: expected one {name}{'-' + version if version else ''}.dist-info, found "
+                         f"{[p.name for p in found]}; is this the venv of that release?")
+    return found[0]
+
+
+def record_hash(dist: Path, member: str) -> str:
+    """The hex sha256 the dist-info RECORD gives for `member` (RECORD stores urlsafe base64, no padding)."""
+    for line in (dist / "RECORD").read_text(encoding="utf-8").splitlines():
+        parts = line.rsplit(",", 2)
+        if len(parts) == 3 and parts[0] == member and parts[1].startswith("sha256="):
+            raw = parts[1][len("sha256="):]
+            return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
+    raise FactsError(f"{dist / 'RECORD'}: no sha256 line for {member}")
+
+
+def lock_hashes(lock: Path, name: str, version: str) -> List[str]:
+    """The --hash=sha256 values of `name==version` in a pip-compile style lock."""
+    text = lock.read_text(encoding="utf-8")
+    match = re.search(rf"^{re.escape(name)}=={re.escape(version)}((?:[ \t]*\\\n[ \t]+--hash=sha256:[0-9a-f]+)+)",
+                      text, re.MULTILINE | re.IGNORECASE)
+    return re.findall(r"sha256:([0-9a-f]{64})", match.group(1)) if match else []
+
+
+def index_wheels(name: str, version: str, index_url: str) -> Dict[str, str]:
+    """sha256 -> file name of the release's wheels on a PEP 691 JSON index."""
+    request = urllib.request.Request(f"{index_url.rstrip('/')}/{name}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    prefix = f"{name.replace('-', '_')}-{version}-"
+    return {f["hashes"]["sha256"]: f["filename"] for f in files
+            if f["filename"].endswith(".whl") and f["filename"].startswith(prefix) and "sha256" in f.get("hashes", {})}
+
+
+def generated_from(site: Path, version: str, lock: Optional[Path], index_url: str) -> Tuple[str, str]:
+    """('<wheel> sha256 <hex>', how it was found); falls back to the RECORD hash of cli_args.py."""
+    dist = dist_info(site, "vllm", version)
+    direct = dist / "direct_url.json"
+    if direct.exists():
+        info = json.loads(direct.read_text(encoding="utf-8"))
+        digest = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        if digest:
+            return f"{info['url'].rsplit('/', 1)[-1]} sha256 {digest}", "direct_url.json of the installed dist"
+    if lock is not None:
+        # --require-hashes --only-binary: the installed file is the lock's one hash that names a wheel
+        hashes = set(lock_hashes(lock, "vllm", version))
+        wheels = {h: n for h, n in index_wheels("vllm", version, index_url).items() if h in hashes}
+        if len(wheels) == 1:
+            digest, name = next(iter(wheels.items()))
+            return f"{name} sha256 {digest}", f"the only wheel of {lock.name}'s vllm hashes on {index_url}"
+    digest = record_hash(dist, "vllm/entrypoints/openai/cli_args.py")
+    return (f"{dist.name}/RECORD sha256 of vllm/entrypoints/openai/cli_args.py {digest}",
+            "RECORD (no lock given, or its wheel hash is not on the index)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# YAML emission (flow style of the 0.5.4 table) and marker replacement
+# ---------------------------------------------------------------------------------------------------------
+
+PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./+-]*")
+YAML_WORDS = {"null", "true", "false", "yes", "no", "on", "off", "none", "y", "n", "~"}
+
+
+def yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    text = str(value)
+    if PLAIN.fullmatch(text) and text.lower() not in YAML_WORDS:
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def yaml_flow(value: Any, quote: bool = False) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(yaml_flow(v, quote) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_flow(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value) if quote and isinstance(value, str) else yaml_scalar(value)
+
+
+def argument_lines(row: Dict[str, Any], indent: str = ITEM_INDENT) -> List[str]:
+    """One `- {...}` line, or the block form when that line would pass LINE_LIMIT."""
+    parts = [f"{key}: {yaml_flow(value, quote=(key == 'flags'))}" for key, value in row.items()]
+    line = f"{indent}- {{{', '.join(parts)}}}"
+    if len(line) <= LINE_LIMIT:
+        return [line]
+    lines = []
+    for n, (key, value) in enumerate(row.items()):
+        lead = f"{indent}- " if n == 0 else f"{indent}  "
+        text = f"{lead}{key}: {yaml_flow(value, quote=(key == 'flags'))}"
+        if len(text) > LINE_LIMIT and isinstance(value, list):
+            lines.append(f"{lead}{key}:")
+            lines.extend(f"{indent}    - {yaml_scalar(v)}" for v in value)
+        else:
+            lines.append(text)
+    return lines
+
+
+def cli_block(rows: List[Dict[str, Any]], source: str, summary: str) -> str:
+    lines = [
+        "    cli:",
+        f"      # {summary}",
+        "      complete: true",
+        f"      generated_from: {json.dumps(source)}",
+        "      arguments:",
+    ]
+    for row in rows:
+        lines.extend(argument_lines(row))
+    return "\n".join(lines) + "\n"
+
+
+def release_span(text: str, release: str) -> Tuple[int, int]:
+    """Character span of `releases.<release>`'s entry (from its key line to the next two-space key)."""
+    key = re.search(rf'^  "?{re.escape(release)}"?:[ \t]*\n', text, re.MULTILINE)
+    if not key:
+        raise FactsError(f"{RELEASES_FILE}: no entry `  \"{release}\":` under releases; add the release first")
+    after = re.search(r"^ {0,2}\S", text[key.end():], re.MULTILINE)
+    return key.start(), key.end() + (after.start() if after else len(text[key.end():]))
+
+
+def replace_between(text: str, release: str, begin: str, end: str, block: str) -> str:
+    start, stop = release_span(text, release)
+    entry = text[start:stop]
+    lines = entry.splitlines(keepends=True)
+    marks = [n for n, line in enumerate(lines) if line.rstrip("\n") in (begin, end)]
+    if len(marks) != 2 or lines[marks[0]].rstrip("\n") != begin or lines[marks[1]].rstrip("\n") != end:
+        raise FactsError(f"{RELEASES_FILE}: releases.{release} needs exactly one pair of marker lines\n{begin}\n...\n"
+                         f"{end}\n(found {len(marks)} marker lines); add them where the block belongs")
+    new_entry = "".join(lines[:marks[0] + 1]) + block + "".join(lines[marks[1]:])
+    return text[:start] + new_entry + text[stop:]
+
+
+def validate_text(text: str, source: str) -> Any:
+    """The release data as the loader reads it; raises the loader's error."""
+    import yaml  # controller-side (.venv); the venv-side dump needs no YAML
+
+    sys.path.insert(0, str(REPO / "module_utils"))
+    try:
+        import revive_releases
+    finally:
+        sys.path.pop(0)
+    return revive_releases.load_release_data(yaml.safe_load(text), source=source)
+
+
+def write_block(release: str, begin: str, end: str, block: str, check: Callable[[Any], None]) -> None:
+    """Re-read the file, swap the marked block, validate the whole file, write atomically."""
+    old = RELEASES_FILE.read_text(encoding="utf-8")
+    new = replace_between(old, release, begin, end, block)
+    try:
+        check(validate_text(new, f"{RELEASES_FILE} (as it would be written)"))
+    except Exception as exc:  # the loader's or the check's error: only write if the old file fails the same way
+        try:
+            validate_text(old, str(RELEASES_FILE))
+        except Exception:
+            print(f"warning: {RELEASES_FILE} does not load before this change either: {exc}", file=sys.stderr)
+        else:
+            raise FactsError(f"not written, the new block breaks the file: {exc}") from exc
+    fd, tmp = tempfile.mkstemp(dir=str(RELEASES_FILE.parent), prefix=".vllm-releases.", suffix=".yml")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(new)
+    os.chmod(tmp, os.stat(RELEASES_FILE).st_mode & 0o777)
+    if RELEASES_FILE.read_text(encoding="utf-8") != old:  # someone wrote meanwhile: do not overwrite their edit
+        os.unlink(tmp)
+        raise FactsError(f"{RELEASES_FILE} changed while this ran; run the command again")
+    os.replace(tmp, RELEASES_FILE)
+
+
+def check_cli_loaded(release: str, rows: List[Dict[str, Any]]) -> Callable[[Any], None]:
+    def check(data: Any) -> None:
+        loaded = data.release(release)
+        if not loaded.cli_complete or len(loaded.arguments) != len(rows):
+            raise FactsError(f"the loader read {len(loaded.arguments)} arguments (complete={loaded.cli_complete}), "
+                             f"the parser has {len(rows)}")
+        for row, argument in zip(rows, loaded.arguments):
+            if list(argument.flags) != row["flags"] or argument.default != row["default"]:
+                raise FactsError(f"{row['flags'][0]}: YAML round trip changed it to {argument}")
+    return check
+
+
+def cmd_cli(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="release-facts-") as tmp:
+        out = os.path.join(tmp, "cli.json")
+        _run_venv(args.python, [str(Path(__file__).resolve()), "_dump-cli", out])
+        with open(out, encoding="utf-8") as handle:
+            facts = json.load(handle)
+    if facts["vllm"] != args.release:
+        raise FactsError(f"{args.python} has vllm {facts['vllm']}, not {args.release}; pass that release's venv")
+    lock = Path(args.lock) if args.lock else REPO / "data" / "locks" / f"vllm-{args.release}-py{facts['python']}.txt"
+    source, how = generated_from(site_packages(args.python), args.release, lock if lock.exists() else None,
+                                 args.index_url)
+    rows = facts["arguments"]
+    summary = (f"{len(rows)} actions of make_arg_parser(FlexibleArgumentParser()) plus -h, vLLM {args.release} on "
+               f"Python {facts['python']}")
+    block = cli_block(rows, source, summary)
+    approximated = [r for r in rows if "parser_type" in r]
+    print(f"vllm {facts['vllm']} (Python {facts['python']}): {len(rows)} actions; generated_from: {source} ({how})")
+    for row in approximated:
+        print(f"  approximated type: {row['flags'][0]} {row['parser_type']} -> {row['type']}: "
+              f"{TYPE_MAP[row['parser_type']].accepts}")
+    if not args.write:
+        sys.stdout.write(block)
+        return 0
+    write_block(args.release, CLI_BEGIN, CLI_END, block, check_cli_loaded(args.release, rows))
+    print(f"wrote releases.{args.release}.cli ({len(rows)} arguments) into {RELEASES_FILE}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernels: ELF sections -> fatbin containers -> cubin / PTX entries
+# ---------------------------------------------------------------------------------------------------------
+
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_SECTIONS = (".nv_fatbin", ".nv.fatbin", "__nv_relfatbin")
+KIND_PTX, KIND_CUBIN = 1, 2
+FLAG_COMPRESSED = 0x2000                  # entry payload is an LZ4 block (nvcc -Xfatbin -compress-all default)
+ELF_CUDA_OSABI = 0x33                     # EI_OSABI of CUDA cubins
+
+
+@dataclass
+class FatbinScan:
+    cubin_archs: set = field(default_factory=set)
+    ptx_archs: set = field(default_factory=set)
+    entries: int = 0
+    verified: int = 0                        # entries whose arch a second method (ELF e_flags / PTX .target) confirms
+    mismatches: List[str] = field(default_factory=list)
+
+
+def elf_sections(handle: Any, path: str) -> Dict[str, Tuple[int, int]]:
+    """name -> (file offset, size) of a little-endian ELF64 file's sections."""
+    handle.seek(0)
+    header = handle.read(64)
+    if len(header) < 64 or header[:4] != b"\x7fELF":
+        raise FactsError(f"{path}: not an ELF file")
+    if header[4] != 2 or header[5] != 1:
+        raise FactsError(f"{path}: only little-endian ELF64 is read (EI_CLASS={header[4]}, EI_DATA={header[5]})")
+    shoff, = struct.unpack_from("<Q", header, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", header, 0x3A)
+    handle.seek(shoff)
+    table = handle.read(shentsize * shnum)
+    rows = [struct.unpack_from("<IIQQQQIIQQ", table, n * shentsize) for n in range(shnum)]
+    handle.seek(rows[shstrndx][4])
+    names = handle.read(rows[shstrndx][5])
+    return {names[r[0]:names.index(b"\0", r[0])].decode("ascii", "replace"): (r[4], r[5]) for r in rows}
+
+
+def lz4_prefix(source: bytes, want: int) -> bytes:
+    """The first `want` bytes an LZ4 block decodes to (enough for an ELF header or a PTX preamble)."""
+    out = bytearray()
+    pos = 0
+    while pos < len(source) and len(out) < want:
+        token = source[pos]
+        pos += 1
+        literal = token >> 4
+        if literal == 15:
+            while True:
+                extra = source[pos]
+                pos += 1
+                literal += extra
+                if extra != 255:
+                    break
+        out += source[pos:pos + literal]
+        pos += literal
+        if pos >= len(source) or len(out) >= want:
+            break
+        offset = source[pos] | (source[pos + 1] << 8)
+        pos += 2
+        length = token & 15
+        if length == 15:
+            while True:
+                extra = source[pos]
+                pos += 1
+                length += extra
+                if extra != 255:
+                    break
+        start = len(out) - offset
+        if offset == 0 or start < 0:
+            raise ValueError("LZ4 match offset outside the output")
+        for n in range(length + 4):
+            out.append(out[start + n])
+    return bytes(out[:want])
+
+
+def second_opinion(kind: int, payload: bytes) -> Optional[int]:
+    """The arch the entry's own content states: cubin ELF e_flags low byte, or PTX `.target sm_XX`."""
+    if kind == KIND_CUBIN:
+        if len(payload) >= 0x34 and payload[:4] == b"\x7fELF" and payload[7] == ELF_CUDA_OSABI:
+            return struct.unpack_from("<I", payload, 0x30)[0] & 0xFF
+        return None
+    match = re.search(rb"\.target\s+sm_(\d+)", payload)
+    return int(match.group(1)) if match else None
+
+
+def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: str) -> None:
+    """Walk every fatbin container in [offset, offset+size) and record its entries' archs."""
+    pos, end = offset, offset + size
+    while pos + 16 <= end:
+        handle.seek(pos)
+        magic, _version, header_size, fat_size = struct.unpack("<IHHQ", handle.read(16))
+        if magic != FATBIN_MAGIC:
+            pos += 8  # containers are 8-byte aligned; padding between them is zeros
+            continue
+        entry, stop = pos + header_size, pos + header_size + fat_size
+        while entry + 64 <= stop:
+            handle.seek(entry)
+            head = handle.read(64)
+            kind, _, entry_header, payload_size = struct.unpack_from("<HHIQ", head, 0)
+            arch, = struct.unpack_from("<I", head, 28)
+            flags, = struct.unpack_from("<Q", head, 40)
+            if entry_header == 0:
+                break
+            if kind in (KIND_PTX, KIND_CUBIN):
+                scan.entries += 1
+                (scan.cubin_archs if kind == KIND_CUBIN else scan.ptx_archs).add(arch)
+                handle.seek(entry + entry_header)
+                payload = handle.read(min(payload_size, 16384))
+                try:
+                    content = lz4_prefix(payload, 512) if flags & FLAG_COMPRESSED else payload[:512]
+                except (IndexError, ValueError):
+                    content = b""
+                stated = second_opinion(kind, content)
+                if stated == arch:
+                    scan.verified += 1
+                elif stated is not None:
+                    scan.mismatches.append(f"{where}+{entry:#x}: header sm_{arch}, content sm_{stated}")
+            entry += entry_header + payload_size
+        pos = stop
+
+
+def scan_file(path: Path) -> Optional[FatbinScan]:
+    """The file's fatbin archs, or None when it has no fatbin section."""
+    with open(path, "rb") as handle:
+        sections = elf_sections(handle, str(path))
+        present = [name for name in FATBIN_SECTIONS if name in sections]
+        if not present:
+            return None
+        scan = FatbinScan()
+        for name in present:
+            scan_fatbin(handle, *sections[name], scan, f"{path.name}:{name}")
+        return scan
+
+
+@dataclass(frozen=True)
+class Dependency:
+    distribution: str
+    folder: str                             # under site-packages
+    pattern: str                            # glob of the compiled files
+
+
+DEPENDENCIES = (
+    Dependency("vllm", "vllm", "**/*.so"),
+    Dependency("xformers", "xformers", "**/*.so"),
+    Dependency("torch", "torch/lib", "*.so*"),
+)
+
+
+def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
+    root = site / dep.folder
+    dist = dist_info(site, dep.distribution)
+    version = dist.name[len(dep.distribution) + 1:-len(".dist-info")]
+    files = sorted(p for p in root.glob(dep.pattern) if p.is_file())
+    if not files:
+        raise FactsError(f"{root}: no {dep.pattern} files; is {dep.distribution} installed in this venv?")
+    total = FatbinScan()
+    per_file: Dict[str, Dict[str, List[int]]] = {}
+    for path in files:
+        scan = scan_file(path)
+        if scan is None:
+            continue
+        per_file[str(path.relative_to(site))] = {"cubin": sorted(scan.cubin_archs), "ptx": sorted(scan.ptx_archs)}
+        total.cubin_archs |= scan.cubin_archs
+        total.ptx_archs |= scan.ptx_archs
+        total.entries += scan.entries
+        total.verified += scan.verified
+        total.mismatches += scan.mismatches
+    return {"distribution": dep.distribution, "version": version, "files_scanned": len(files),
+            "files_with_fatbin": per_file, "cubin_archs": sorted(total.cubin_archs),
+            "ptx_archs": sorted(total.ptx_archs), "entries": total.entries, "verified": total.verified,
+            "mismatches": total.mismatches}
+
+
+def kernels_block(results: List[Dict[str, Any]], release: str) -> str:
+    lines = [
+        "    kernels:",
+        f"      # sm_XX of the cubins / PTX in each .so's .nv_fatbin (fatbin entry headers, each confirmed by its",
+        f"      # cubin's ELF e_flags or PTX .target), vLLM {release}'s venv",
+    ]
+    for result in results:
+        lines.append(f"      {result['distribution']}:")
+        lines.append(f"        version: {yaml_scalar(result['version'])}")
+        lines.append(f"        files_scanned: {result['files_scanned']}")
+        lines.append(f"        cubin_archs: {yaml_flow(result['cubin_archs'])}")
+        lines.append(f"        ptx_archs: {yaml_flow(result['ptx_archs'])}")
+        lines.append("        files:")
+        for name, archs in result["files_with_fatbin"].items():
+            lines.append(f"          {json.dumps(name)}: {{cubin: {yaml_flow(archs['cubin'])}, "
+                         f"ptx: {yaml_flow(archs['ptx'])}}}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    site = site_packages(args.python)
+    vllm_version = dist_info(site, "vllm").name[len("vllm-"):-len(".dist-info")]
+    if vllm_version != args.release:
+        raise FactsError(f"{args.python} has vllm {vllm_version}, not {args.release}; pass that release's venv")
+    results = [scan_dependency(site, dep) for dep in DEPENDENCIES]
+    failed = False
+    for result in results:
+        print(json.dumps({k: result[k] for k in ("distribution", "version", "files_scanned", "cubin_archs",
+                                                  "ptx_archs")}))
+        print(f"  {result['verified']} of {result['entries']} entries confirmed by their content, "
+              f"{len(result['mismatches'])} contradicted")
+        for name, archs in result["files_with_fatbin"].items():
+            print(f"  {name}: cubin {archs['cubin']} ptx {archs['ptx']}")
+        for line in result["mismatches"][:20]:
+            print(f"  MISMATCH {line}")
+        failed = failed or bool(result["mismatches"])
+    if failed:
+        raise FactsError("fatbin headers and their contents disagree (above); not trusting this scan")
+    block = kernels_block(results, args.release)
+    if not args.write:
+        sys.stdout.write(block)
+        return 0
+    text = RELEASES_FILE.read_text(encoding="utf-8")
+    start, stop = release_span(text, args.release)
+    if KERNELS_BEGIN not in text[start:stop]:
+        print(f"releases.{args.release} has no marker lines; not written. Add this to the entry:\n"
+              f"{KERNELS_BEGIN}\n{block}{KERNELS_END}")
+        return 1
+    write_block(args.release, KERNELS_BEGIN, KERNELS_END, block, lambda data: data.release(args.release))
+    print(f"wrote releases.{args.release}.kernels into {RELEASES_FILE}")
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) == 2 and argv[0] == "_dump-cli":  # under the venv's interpreter, called by `cli`
+        return _dump_cli_in_venv(argv[1])
+    parser = argparse.ArgumentParser(prog="tools/release_facts.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, helptext in (("cli", "the server's argparse table"), ("kernels", "the sm_XX of the compiled code")):
+        sub = commands.add_parser(name, help=helptext)
+        sub.add_argument("--python", required=True, help="bin/python of a venv with the release installed")
+        sub.add_argument("--release", required=True, help="the release's key in data/vllm-releases.yml")
+        sub.add_argument("--write", action="store_true", help="replace the marked block in data/vllm-releases.yml")
+        if name == "cli":
+            sub.add_argument("--lock", help="the lock the venv was installed from (default: "
+                                            "data/locks/vllm-<release>-py<X.Y>.txt if present)")
+            sub.add_argument("--index-url", default=DEFAULT_INDEX, help="PEP 691 index to name the lock's wheel")
+    args = parser.parse_args(argv)
+    try:
+        return cmd_cli(args) if args.command == "cli" else cmd_kernels(args)
+    except FactsError as exc:
+        print(f"release_facts.py {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
