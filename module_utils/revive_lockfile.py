@@ -109,6 +109,11 @@ def requirement_of(header_value: str) -> str:
     return header_value.split(SOURCE_SEPARATOR, 1)[0].strip()
 
 
+def name_of(requirement: str) -> str:
+    """'pyairports==2.1.1' -> 'pyairports' (the project name a requirement starts with)."""
+    return re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
+
+
 def lock_file_name(version: str, python_minor: str) -> str:
     """vllm-<version>-py<major.minor>.txt; python_minor may be '3.10' or '3.10.12'."""
     parts = str(python_minor).split(".")
@@ -221,13 +226,12 @@ def parse_lock(text: str, where: str) -> Lock:
         raise LockError(f"lock {where} has no requirements; regenerate it with bin/revive lock")
     lock = Lock(entries=tuple(entries), header=_parse_header(text), where=where)
     for requirement in lock.missing:
-        name = re.split(r"[<>=!~;\[ ]", requirement, 1)[0]
+        name = name_of(requirement)
         if lock.get(name) is not None:
             raise LockError(f"lock {where}: header lists {requirement} as missing but the lock pins "
                             f"{lock.get(name)}; regenerate it with bin/revive lock")
     for requirement in lock.supplied:
-        name = re.split(r"[<>=!~;\[ ]", requirement, 1)[0]
-        if lock.get(name) is None:
+        if lock.get(name_of(requirement)) is None:
             raise LockError(f"lock {where}: header lists {requirement} as supplied but the lock has no entry for "
                             "it; regenerate it with bin/revive lock")
     return lock

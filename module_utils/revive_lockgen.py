@@ -373,7 +373,7 @@ def _blocks(body: str) -> List[Tuple[str, str]]:
     blocks: List[Tuple[str, List[str]]] = []
     for line in body.splitlines():
         if line and not line[0].isspace() and not line.startswith("#"):
-            blocks.append((canonical_name(re.split(r"[=<>!~;\[ \\]", line, 1)[0]), [line]))
+            blocks.append((canonical_name(re.split(r"[=<>!~;\[ \\]", line, maxsplit=1)[0]), [line]))
         elif blocks:
             blocks[-1][1].append(line)
         elif line.strip():

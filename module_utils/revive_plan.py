@@ -449,7 +449,7 @@ def _release_for(gpus: GpuSet, releases: ReleaseData, overrides: Overrides, deci
                               "data default_release_by_cc") from None
         source_text = "data default_release_by_cc; docs/runtime-install.md"
     if gpus.cc < (8, 0):
-        status = releases.volta_status(version)
+        status = releases.volta_status(version, gpus.cc)
         if status["status"] == "refused":
             raise PlanRefusal(f"vLLM {version} cannot run on {gpus.name} (CC {cc_text}): {status['reason']}. "
                               "Use the Volta default (no pin) or 0.5.4 from a mirror that supplies it.", "data volta_support")

@@ -250,8 +250,11 @@ class ReleaseData:
             f"no release in the data serves compute capability {cc[0]}.{cc[1]} (lowest default row: "
             f"{self.default_release_by_cc[-1]['min_cc']})")
 
-    def volta_status(self, version: str) -> Dict[str, Any]:
+    def volta_status(self, version: str, cc: Tuple[int, int] = (7, 0)) -> Dict[str, Any]:
+        """The support row for `version` on a GPU below CC 8.0; a row with `only_cc` holds for that CC alone."""
         for row in self.volta_support:
+            if row.get("only_cc") and parse_cc(row["only_cc"]) != cc:
+                continue
             if version_matches(version, row["versions"]):
                 return dict(row)
         return {"versions": "", "status": "refused", "engine": "none", "attention_backend": "none",

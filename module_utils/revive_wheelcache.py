@@ -40,6 +40,7 @@ from ansible.module_utils.revive_wheelsource import (
     WheelSourceError,
     check_source,
     http_for,
+    locked_sha256,
     sha256_file,
 )
 from ansible.module_utils.revive_wheeltags import Target
@@ -109,7 +110,7 @@ class _Counter:
             self.progress(self.files_done, self.files_total, self.bytes_done, self.bytes_total, current)
 
 
-def _hash_prefix(path: str) -> "hashlib._Hash":
+def _hash_prefix(path: str):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(CHUNK), b""):
@@ -143,14 +144,19 @@ def _open_body(http: Http, url: str, offset: int):
     return response, False, remaining
 
 
-def _transfer(http: Http, selected: Selected, part: str, counter: _Counter, base: int) -> "tuple":
-    """One attempt: append to (or restart) `part`. Returns (digest of the whole part, resumed, bytes fetched)."""
+@dataclass
+class _Tally:
+    fetched: int = 0
+
+
+def _transfer(http: Http, selected: Selected, part: str, counter: _Counter, base: int, tally: _Tally) -> tuple:
+    """One attempt: append to (or restart) `part`. Returns (sha256 of the whole part, whether it resumed)."""
     offset = os.path.getsize(part) if os.path.exists(part) else 0
     if selected.size is not None and offset > selected.size:
         os.unlink(part)
         offset = 0
     if offset and offset == selected.size:
-        return _hash_prefix(part), True, 0
+        return _hash_prefix(part).hexdigest(), True
     stream, resumed, remaining = _open_body(http, selected.url, offset)
     fetched = 0
     with stream:
@@ -162,69 +168,64 @@ def _transfer(http: Http, selected: Selected, part: str, counter: _Counter, base
                     out.write(chunk)
                     digest.update(chunk)
                     fetched += len(chunk)
+                    tally.fetched += len(chunk)
                     counter.bytes_done = base + start + fetched
                     counter.report(selected.filename)
             finally:
                 out.flush()
                 os.fsync(out.fileno())
     if remaining is not None and fetched < remaining:
-        raise _Interrupted(f"{selected.url}: the body ended after {fetched} of {remaining} bytes")
-    return digest, resumed, fetched
+        raise _Interrupted(f"the body ended after {fetched} of {remaining} bytes")
+    return digest.hexdigest(), resumed
 
 
 def download(http: Http, selected: Selected, hashes: List[str], dest: str, counter: _Counter) -> int:
-    """Fetch one file into dest through its part file; returns the bytes transferred this run."""
+    """Fetch one file into dest through its part file, verified; returns the bytes transferred this run."""
     final = os.path.join(dest, selected.filename)
     part = final + PART
-    base = counter.bytes_done
-    fetched, restarted, last = 0, False, None
-    attempt = 0
-    while attempt <= http.retries:
+    base, tally = counter.bytes_done, _Tally()
+    where = f"{dest} on {socket.gethostname()}"
+    restarted, attempt, last = False, 0, None
+    while True:
         try:
-            digest, resumed, got = _transfer(http, selected, part, counter, base)
-        except _Restart:
-            if os.path.exists(part):
-                os.unlink(part)
-            attempt += 1
-            continue
+            actual, resumed = _transfer(http, selected, part, counter, base, tally)
+        except _Restart as error:
+            actual, resumed = (sha256_file(part), True) if os.path.exists(part) else ("", True)
+            if actual not in hashes:
+                if restarted:
+                    raise DownloadError(f"cannot resume {selected.url} into {where}: {error}") from None
+                restarted = True
+                if os.path.exists(part):
+                    os.unlink(part)
+                continue
         except (_Interrupted, *TRANSIENT) as error:
-            fetched += _part_growth(part, base, counter)
-            last = error
-            if attempt < http.retries:
-                http.pause(attempt)
+            last = f"{getattr(error, 'reason', None) or error}"
+            if attempt >= http.retries:
+                raise DownloadError(
+                    f"cannot download {selected.url} into {where} ({attempt + 1} attempt(s)): {last}; "
+                    f"{os.path.basename(part)} is kept: run again to resume where it stopped") from None
+            http.pause(attempt)
             attempt += 1
             continue
         except HttpStatus as error:
             if error.status >= 500 and attempt < http.retries:
-                last = error
                 http.pause(attempt)
                 attempt += 1
                 continue
-            raise DownloadError(f"cannot download {selected.url} into {dest} on {socket.gethostname()}: {error}; "
-                                "check that the source still serves it") from None
-        fetched += got
-        actual = digest.hexdigest()
+            raise DownloadError(f"cannot download {selected.url} into {where}: {error}; check that the source "
+                                "still serves it") from None
         if actual in hashes:
             os.chmod(part, 0o644)
             os.replace(part, final)
-            return fetched
+            return tally.fetched
         os.unlink(part)
         if resumed and not restarted:
-            restarted = True
+            restarted = True  # the server's file may have changed between the runs: once more from the start
             continue
         raise DownloadError(
             f"{selected.url} does not match the lock: got sha256:{actual}, the lock has "
             f"{', '.join('sha256:' + h for h in hashes)} for {selected.requirement}; the part file was deleted. "
             "The source serves another file under this name: fix the mirror or regenerate the lock")
-    raise DownloadError(
-        f"cannot download {selected.url} into {dest} on {socket.gethostname()} after {http.retries + 1} attempts: "
-        f"{last}; {os.path.basename(part)} is kept: run again to resume where it stopped")
-
-
-def _part_growth(part: str, base: int, counter: _Counter) -> int:
-    """Bytes an interrupted attempt added (the counter knows where it got to)."""
-    size = os.path.getsize(part) if os.path.exists(part) else 0
-    return max(0, min(size, counter.bytes_done - base) - getattr(counter, "_seen", 0))
 
 
 def fill_cache(lock: Lock, source: Source, target: Target, dest: str, progress: Optional[Progress] = None,
@@ -239,8 +240,8 @@ def fill_cache(lock: Lock, source: Source, target: Target, dest: str, progress: 
     if not report.ok:
         raise SourceProblems(report)
     result = CacheResult(dest=dest, check_mode=check_mode, files_total=len(report.selected))
-    hashes = {selected.requirement: [value.split(":", 1)[1] for value in lock.get(
-        selected.requirement.split("==", 1)[0]).hashes] for selected in report.selected}
+    hashes = {selected.requirement: locked_sha256(lock.get(selected.requirement.split("==", 1)[0]))
+              for selected in report.selected}
     todo: List[Selected] = []
     counter = _Counter(0, len(report.selected), 0, 0, progress)
     for selected in report.selected:

@@ -37,10 +37,12 @@ from html.parser import HTMLParser
 from http.client import HTTPException
 from typing import Dict, List, Optional, Tuple
 
-from ansible.module_utils.revive_lockfile import Lock, LockEntry, canonical_name
-from ansible.module_utils.revive_venv import PUBLIC_INDEX, Source, parse_version
+from ansible.module_utils.revive_lockfile import Lock, LockEntry, LockError, canonical_name, parse_lock
+from ansible.module_utils.revive_venv import PUBLIC_INDEX, Source, VenvError, parse_version, source_from_params
 from ansible.module_utils.revive_wheeltags import (
     Target,
+    TargetError,
+    make_target,
     parse_wheel_name,
     python_allows,
     wheel_rank,
@@ -443,3 +445,28 @@ def check_source(lock: Lock, source: Source, target: Target, http: Optional[Http
         if selected:
             report.selected.append(selected)
     return report
+
+
+# --- inputs ------------------------------------------------------------------------------------------
+
+def load_lock(path: str) -> Lock:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise WheelSourceError(f"cannot read the lock {path} on {socket.gethostname()}: {error.strerror}; "
+                               "give the path of a lock written by bin/revive lock (data/locks/...)") from None
+    try:
+        return parse_lock(text, path)
+    except LockError as error:
+        raise WheelSourceError(str(error)) from None
+
+
+def prepare(lock_path: str, source_params: Optional[dict], python: str, platform: str) -> Tuple[Lock, Source, Target]:
+    """The lock, the source and the target from module parameters; WheelSourceError says which one is wrong."""
+    try:
+        source = source_from_params(source_params)
+        target = make_target(python, platform)
+    except (VenvError, TargetError) as error:
+        raise WheelSourceError(str(error)) from None
+    return load_lock(lock_path), source, target

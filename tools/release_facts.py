@@ -526,6 +526,7 @@ def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: st
             handle.seek(entry)
             head = handle.read(64)
             kind, _, entry_header, payload_size = struct.unpack_from("<HHIQ", head, 0)
+            compressed_size, = struct.unpack_from("<I", head, 16)
             arch, = struct.unpack_from("<I", head, 28)
             flags, = struct.unpack_from("<Q", head, 40)
             if entry_header == 0:
@@ -534,7 +535,9 @@ def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: st
                 scan.entries += 1
                 (scan.cubin_archs if kind == KIND_CUBIN else scan.ptx_archs).add(arch)
                 handle.seek(entry + entry_header)
-                payload = handle.read(min(payload_size, 16384))
+                # the payload is padded to 8 bytes after its compressed_size bytes of LZ4 data
+                stored = compressed_size if flags & FLAG_COMPRESSED and compressed_size else payload_size
+                payload = handle.read(min(stored, 16384))
                 try:
                     content = lz4_prefix(payload, 512) if flags & FLAG_COMPRESSED else payload[:512]
                 except (IndexError, ValueError):
@@ -601,22 +604,32 @@ def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
 
 
 def kernels_block(results: List[Dict[str, Any]], release: str) -> str:
+    """`kernels:` as the loader reads it (a list of {distribution, version, cubin_archs, ptx_archs}), plus the
+    per-file archs (`files:`, for the reader: one .so without sm_70 matters only if that code path runs)."""
     lines = [
         "    kernels:",
-        f"      # sm_XX of the cubins / PTX in each .so's .nv_fatbin (fatbin entry headers, each confirmed by its",
-        f"      # cubin's ELF e_flags or PTX .target), vLLM {release}'s venv",
+        "      # sm_XX of the cubins / PTX in every .nv_fatbin of each distribution's .so files: fatbin entry headers,",
+        "      # each confirmed by its cubin's ELF e_flags or PTX .target; torch's also by torch._C._cuda_getArchFlags()",
     ]
     for result in results:
-        lines.append(f"      {result['distribution']}:")
-        lines.append(f"        version: {yaml_scalar(result['version'])}")
-        lines.append(f"        files_scanned: {result['files_scanned']}")
-        lines.append(f"        cubin_archs: {yaml_flow(result['cubin_archs'])}")
-        lines.append(f"        ptx_archs: {yaml_flow(result['ptx_archs'])}")
+        lines.append(f"      - distribution: {yaml_scalar(result['distribution'])}")
+        for key in ("version", "files_scanned", "cubin_archs", "ptx_archs"):
+            lines.append(f"        {key}: {yaml_flow(result[key], quote=(key == 'version'))}")
         lines.append("        files:")
         for name, archs in result["files_with_fatbin"].items():
             lines.append(f"          {json.dumps(name)}: {{cubin: {yaml_flow(archs['cubin'])}, "
                          f"ptx: {yaml_flow(archs['ptx'])}}}")
     return "\n".join(lines) + "\n"
+
+
+def check_kernels_loaded(release: str, results: List[Dict[str, Any]]) -> Callable[[Any], None]:
+    def check(data: Any) -> None:
+        loaded = [(k.distribution, k.version, list(k.cubin_archs), list(k.ptx_archs))
+                  for k in getattr(data.release(release), "kernels", ())]
+        wanted = [(r["distribution"], r["version"], r["cubin_archs"], r["ptx_archs"]) for r in results]
+        if loaded != wanted:
+            raise FactsError(f"the loader read kernels {loaded}, the scan found {wanted}")
+    return check
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -625,7 +638,13 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     if vllm_version != args.release:
         raise FactsError(f"{args.python} has vllm {vllm_version}, not {args.release}; pass that release's venv")
     results = [scan_dependency(site, dep) for dep in DEPENDENCIES]
-    failed = False
+    # a third opinion for torch: the arch list it was compiled with (readable without a GPU)
+    flags = _run_venv(args.python, ["-c", "import torch; print(torch._C._cuda_getArchFlags())"]).split()
+    torch_result = next(r for r in results if r["distribution"] == "torch")
+    compiled = sorted(int(f[3:]) for f in flags if f.startswith("sm_"))
+    failed = compiled != torch_result["cubin_archs"]
+    print(f"torch._C._cuda_getArchFlags(): {' '.join(flags)} "
+          f"({'matches' if not failed else 'DIFFERS from'} the cubins found)")
     for result in results:
         print(json.dumps({k: result[k] for k in ("distribution", "version", "files_scanned", "cubin_archs",
                                                   "ptx_archs")}))
@@ -637,7 +656,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             print(f"  MISMATCH {line}")
         failed = failed or bool(result["mismatches"])
     if failed:
-        raise FactsError("fatbin headers and their contents disagree (above); not trusting this scan")
+        raise FactsError("the fatbin headers, their contents or torch's arch list disagree (above); not trusting "
+                         "this scan")
     block = kernels_block(results, args.release)
     if not args.write:
         sys.stdout.write(block)
@@ -648,7 +668,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         print(f"releases.{args.release} has no marker lines; not written. Add this to the entry:\n"
               f"{KERNELS_BEGIN}\n{block}{KERNELS_END}")
         return 1
-    write_block(args.release, KERNELS_BEGIN, KERNELS_END, block, lambda data: data.release(args.release))
+    write_block(args.release, KERNELS_BEGIN, KERNELS_END, block, check_kernels_loaded(args.release, results))
     print(f"wrote releases.{args.release}.kernels into {RELEASES_FILE}")
     return 0
 

@@ -58,8 +58,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 def summary(result: LockResult) -> str:
     lock = result.lock
     picks = ", ".join(str(lock.get(name)) for name in KEY_PACKAGES if lock.get(name) is not None)
-    path = os.path.relpath(result.path, os.getcwd()) if os.path.isabs(result.path) else result.path
-    line = f"{path}: {len(lock.entries)} packages ({picks}){'' if result.changed else ', unchanged'}"
+    path = os.path.relpath(result.path) if os.path.abspath(result.path).startswith(os.getcwd() + os.sep) \
+        else result.path
+    line = f"{path}: {len(lock.entries)} packages" + (f" ({picks})" if picks else "") + \
+        ("" if result.changed else ", unchanged")
     if lock.supplied:
         line += f"; supplied {', '.join(lock.supplied)}"
     if lock.missing:

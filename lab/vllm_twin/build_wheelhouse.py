@@ -1,21 +1,31 @@
 #!/usr/bin/env python3
-"""Build the lab wheelhouse for vLLM 0.5.4: the twin's wheel, placeholders for its pins, nvidia-ml-py.
+"""Build the lab wheelhouse: one vLLM twin wheel per simulated release, placeholders for each release's
+other pins, nvidia-ml-py, and a hash lock per release and lab Python.
 
     lab/vllm_twin/build_wheelhouse.py --dest .lab/wheelhouse      (or the directory as the only argument)
 
-Writes into DEST:
-* vllm-0.5.4+sim-py3-none-any.whl: lab/vllm_twin/src/vllm plus copies of module_utils/revive_model.py,
+Writes into DEST, for every release in SIMULATED_RELEASES (0.5.4 and 0.8.5.post1):
+* vllm-<release>+sim-py3-none-any.whl: lab/vllm_twin/src/vllm plus copies of module_utils/revive_model.py,
   revive_kv.py and revive_topology.py under vllm/_revive/module_utils/ (the twin reuses the project's
-  model facts and KV sizing). Its only dependency is nvidia-ml-py==13.615.71. `pip install vllm==0.5.4`
-  picks it: a version specifier without a local label matches `0.5.4+sim` (PEP 440).
-* One placeholder wheel `<name>-<pin>+sim` for every other pin data/vllm-releases.yml lists for 0.5.4
-  (torch 2.4.0, xformers 0.0.27.post2, vllm-flash-attn 2.6.1), so the runtime role's unchanged
-  `pip install vllm==0.5.4 torch==2.4.0 ...` resolves offline. Importing one works and says it is a
-  simulation; touching anything in it raises an ImportError that says so.
+  model facts and KV sizing), and vllm/_twin/release.json, which fixes the release the wheel simulates
+  (vllm/_twin/release.py): its version, commit, behaviour switches and, for 0.8.5.post1, the CLI table of
+  data/vllm-releases.yml its parser is built from. Requires-Dist names the release's placeholders at
+  their exact `+sim` versions and nvidia-ml-py==13.615.71, so a resolver finds the whole set.
+  `vllm==0.8.5.post1` picks it: a version specifier without a local label matches `0.8.5.post1+sim`
+  (PEP 440).
+* One placeholder wheel `<name>-<pin>+sim` for every other pin data/vllm-releases.yml lists for the release
+  (0.5.4: torch 2.4.0, xformers 0.0.27.post2, vllm-flash-attn 2.6.1; 0.8.5.post1: torch 2.6.0, xformers
+  0.0.29.post2). Importing one works and says it is a simulation; touching anything in it raises an
+  ImportError that says so.
 * nvidia-ml-py-13.615.71 (`pip download --no-deps`, from PyPI once; kept when already present).
+* locks/vllm-<release>-py<X.Y>.txt for every Python of LAB_PYTHONS (lab nodes: Debian 12, Python 3.11):
+  `bin/revive lock --wheelhouse DEST --requirement vllm==<release>+sim --requirement <pin>+sim ... --python
+  X.Y --out FILE` (module_utils/revive_lockgen.py), every wheel of the install pinned by hash. A node
+  installs it with `pip install --require-hashes --only-binary :all: --no-deps -r LOCK --no-index
+  --find-links DEST`.
 
 Wheels are assembled with zipfile (METADATA, WHEEL, RECORD), byte-for-byte reproducible: sorted entries,
-fixed timestamps and modes. Existing wheels of the same name are replaced.
+fixed timestamps and modes. Other `+sim` wheels in DEST (of releases no longer built) are removed.
 """
 from __future__ import annotations
 
@@ -23,12 +33,13 @@ import argparse
 import base64
 import hashlib
 import io
+import json
 import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -36,7 +47,9 @@ SOURCE = HERE / "src" / "vllm"
 MODULE_UTILS = REPO / "module_utils"
 BUNDLED_MODULE_UTILS = ("revive_model.py", "revive_kv.py", "revive_topology.py")
 RELEASES = REPO / "data" / "vllm-releases.yml"
-TWIN_VERSION = "0.5.4+sim"
+REVIVE = REPO / "bin" / "revive"
+SIMULATED_RELEASES = ("0.5.4", "0.8.5.post1")
+LAB_PYTHONS = ("3.11",)   # Debian 12's python3 on the lab nodes
 NVML_PIN = "nvidia-ml-py==13.615.71"
 EPOCH = (1980, 1, 1, 0, 0, 0)
 GENERATOR = "revive build_wheelhouse"
@@ -73,7 +86,66 @@ def wheel_bytes(distribution: str, version: str, files: Dict[str, bytes], metada
     return buffer.getvalue()
 
 
-def twin_files() -> Dict[str, bytes]:
+def _module_utils(name: str):
+    sys.path.insert(0, str(HERE / "src"))
+    try:
+        from vllm._revive import module_utils
+    finally:
+        sys.path.pop(0)
+    return module_utils(name)
+
+
+def release_entry(version: str, path: Path = RELEASES):
+    """The release of data/vllm-releases.yml (through module_utils/revive_releases.py)."""
+    return _module_utils("revive_releases").load_release_file(str(path)).release(version)
+
+
+def _release_module():
+    sys.path.insert(0, str(HERE / "src"))
+    try:
+        from vllm._twin import release
+    finally:
+        sys.path.pop(0)
+    return release
+
+
+def table_arguments(entry) -> List[Dict[str, Any]]:
+    """The release's CLI table as release.json holds it (the YAML values, so int choices stay ints)."""
+    keys = ("flags", "action", "type", "default", "choices", "nargs", "deprecated")
+    return [{key: raw[key] for key in keys if key in raw} for raw in entry.raw["cli"]["arguments"]]
+
+
+def check_behaviour(version: str, entry) -> None:
+    """The twin's switches for a release (vllm/_twin/release.py) agree with data/vllm-releases.yml."""
+    behaviour = _release_module().BEHAVIOURS[version]
+    raw = entry.raw
+    expected = {
+        "metrics_need_disable_frontend_multiprocessing": raw["metrics_need_disable_frontend_multiprocessing"],
+        "request_logging_default": raw["request_logging_default"],
+        "swap_space_type": raw["swap_space_type"],
+        "kv_sizing": entry.kv_sizing_by_engine["V0"],
+        "paged_attention_head_sizes": tuple(raw["paged_attention_head_sizes"]),
+        "quantization_min_cc": dict(entry.quantization_min_cc),
+    }
+    wrong = [f"{key}: data/vllm-releases.yml says {value!r}, vllm/_twin/release.py {getattr(behaviour, key)!r}"
+             for key, value in expected.items() if getattr(behaviour, key) != value]
+    if wrong:
+        raise SystemExit(f"the twin's behaviour for {version} disagrees with the release data:\n  "
+                         + "\n  ".join(wrong))
+
+
+def release_json(version: str, path: Path = RELEASES) -> bytes:
+    """vllm/_twin/release.json of the release's wheel."""
+    entry = release_entry(version, path)
+    check_behaviour(version, entry)
+    module = _release_module()
+    table = module.BEHAVIOURS[version].parser == "table"
+    release = module.make(version, table_arguments(entry) if table else None, entry.cli_complete if table else False,
+                          list(entry.metrics))
+    return (json.dumps(release.as_json(), indent=1, sort_keys=True) + "\n").encode()
+
+
+def twin_files(version: str = "0.5.4") -> Dict[str, bytes]:
     files: Dict[str, bytes] = {}
     for path in sorted(SOURCE.rglob("*.py")):
         if "__pycache__" in path.parts:
@@ -85,20 +157,32 @@ def twin_files() -> Dict[str, bytes]:
             raise SystemExit(f"{source}: missing; the twin bundles it (model facts / KV sizing / topology). "
                              "Run from a complete checkout.")
         files[f"vllm/_revive/module_utils/{name}"] = source.read_bytes()
+    files["vllm/_twin/release.json"] = release_json(version)
     return files
 
 
-def twin_wheel() -> Tuple[str, bytes]:
-    summary = ("SIMULATION of vLLM 0.5.4 for the revive lab (no GPU, no model): same CLI, start-up checks, "
+def twin_version(version: str) -> str:
+    return f"{version}+sim"
+
+
+def twin_requirements(version: str) -> List[str]:
+    """The twin wheel's Requires-Dist: its placeholders at their exact +sim versions, and nvidia-ml-py."""
+    pins = release_pins(version=version)
+    return [f"{name}=={pin}+sim" for name, pin in sorted(pins.items()) if name != "vllm"] + [NVML_PIN]
+
+
+def twin_wheel(version: str = "0.5.4") -> Tuple[str, bytes]:
+    summary = (f"SIMULATION of vLLM {version} for the revive lab (no GPU, no model): same CLI, start-up checks, "
                "API and metrics, calibrated latency")
-    data = wheel_bytes("vllm", TWIN_VERSION, twin_files(), [f"Requires-Dist: {NVML_PIN}"], summary)
-    return f"vllm-{TWIN_VERSION}-py3-none-any.whl", data
+    requires = [f"Requires-Dist: {requirement}" for requirement in twin_requirements(version)]
+    data = wheel_bytes("vllm", twin_version(version), twin_files(version), requires, summary)
+    return f"vllm-{twin_version(version)}-py3-none-any.whl", data
 
 
 PLACEHOLDER_MODULE = '''"""{name} {version}: a PLACEHOLDER of the revive lab, not {name}.
 
 The lab's vLLM is a simulation (vllm {twin}); this package only satisfies the pin {name}=={pin} so the
-runtime role's unchanged install works offline. Nothing in it works.
+runtime role's locked install works offline. Nothing in it works.
 """
 __version__ = "{version}"
 __simulated__ = True
@@ -114,10 +198,10 @@ def import_name(distribution: str) -> str:
     return {"vllm-flash-attn": "vllm_flash_attn"}.get(distribution, distribution.replace("-", "_"))
 
 
-def placeholder_wheel(distribution: str, pin: str) -> Tuple[str, bytes]:
+def placeholder_wheel(distribution: str, pin: str, release: str = "0.5.4") -> Tuple[str, bytes]:
     version = f"{pin}+sim"
     module = import_name(distribution)
-    source = PLACEHOLDER_MODULE.format(name=distribution, version=version, pin=pin, twin=TWIN_VERSION)
+    source = PLACEHOLDER_MODULE.format(name=distribution, version=version, pin=pin, twin=twin_version(release))
     normalized = re.sub(r"[-_.]+", "_", distribution).lower()
     data = wheel_bytes(normalized, version, {f"{module}/__init__.py": source.encode()}, [],
                        f"PLACEHOLDER for {distribution}=={pin} in the revive lab (the vLLM twin needs nothing)")
@@ -125,12 +209,43 @@ def placeholder_wheel(distribution: str, pin: str) -> Tuple[str, bytes]:
 
 
 def release_pins(path: Path = RELEASES, version: str = "0.5.4") -> Dict[str, str]:
-    """The 0.5.4 pins of data/vllm-releases.yml (through module_utils/revive_releases.py)."""
-    sys.path.insert(0, str(HERE / "src"))
-    from vllm._revive import module_utils
-    releases = module_utils("revive_releases")
-    pins = releases.load_release_file(str(path)).release(version).pins
+    """The release's pins of data/vllm-releases.yml that pip installs (cuda and python are not packages)."""
+    pins = release_entry(version, path).pins
     return {name: str(pin) for name, pin in pins.items() if name not in NOT_PACKAGES}
+
+
+def release_wheels(version: str) -> List[Tuple[str, bytes]]:
+    """The twin wheel of a release and its placeholders."""
+    outputs = [twin_wheel(version)]
+    for distribution, pin in sorted(release_pins(version=version).items()):
+        if distribution != "vllm":
+            outputs.append(placeholder_wheel(distribution, pin, version))
+    return outputs
+
+
+def lock_requirements(version: str) -> List[str]:
+    """What the release's lock is resolved from: the twin wheel and its placeholders, all at +sim."""
+    pins = release_pins(version=version)
+    return [f"vllm=={twin_version(version)}"] + [f"{name}=={pin}+sim" for name, pin in sorted(pins.items())
+                                                 if name != "vllm"]
+
+
+def lock_path(dest: Path, version: str, python: str) -> Path:
+    return dest / "locks" / f"vllm-{version}-py{python}.txt"
+
+
+def write_lock(dest: Path, version: str, python: str) -> Path:
+    """`bin/revive lock --wheelhouse ...` (module_utils/revive_lockgen.py lock_wheelhouse) for one release."""
+    out = lock_path(dest, version, python)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(REVIVE), "lock", "--wheelhouse", str(dest)]
+    for requirement in lock_requirements(version):
+        argv += ["--requirement", requirement]
+    argv += ["--python", python, "--out", str(out)]
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"`{' '.join(argv)}` failed (rc {done.returncode}):\n{(done.stderr or done.stdout).strip()}")
+    return out
 
 
 def download_nvml(dest: Path) -> Optional[str]:
@@ -145,24 +260,26 @@ def download_nvml(dest: Path) -> Optional[str]:
     return NVML_PIN
 
 
-def build(dest: Path) -> List[str]:
+def build(dest: Path, releases: Sequence[str] = SIMULATED_RELEASES, locks: bool = True) -> List[str]:
     dest.mkdir(parents=True, exist_ok=True)
+    outputs: List[Tuple[str, bytes]] = []
+    for version in releases:
+        outputs.extend(release_wheels(version))
+    names = {name for name, _ in outputs}
     written = []
-    outputs = [twin_wheel()]
-    for distribution, pin in sorted(release_pins().items()):
-        if distribution == "vllm":
-            continue
-        outputs.append(placeholder_wheel(distribution, pin))
+    for stale in dest.glob("*+sim-*.whl"):
+        if stale.name not in names:
+            stale.unlink()
     for name, data in outputs:
-        prefix = name.split("-")[0] + "-"
-        for stale in dest.glob(prefix + "*+sim-*.whl"):
-            if stale.name != name:
-                stale.unlink()
         (dest / name).write_bytes(data)
         written.append(name)
     downloaded = download_nvml(dest)
     if downloaded:
         written.append(downloaded)
+    if locks:
+        for version in releases:
+            for python in LAB_PYTHONS:
+                written.append(str(write_lock(dest, version, python).relative_to(dest)))
     return written
 
 

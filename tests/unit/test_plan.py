@@ -8,6 +8,7 @@ from ansible.module_utils.revive_kv import GiB, kv_cache_plan
 from ansible.module_utils.revive_model import model_from_config
 from ansible.module_utils.revive_plan import (
     Overrides,
+    PackageSource,
     PlanError,
     PlanRefusal,
     Serve,
@@ -31,12 +32,20 @@ def model(name, dtype="F16", **overrides):
     return model_from_config(dict(model_config(name, dtype=dtype), **overrides), f"/data/models/{name}")
 
 
+# 0.5.4 cannot be installed from PyPI today (its lock needs pyairports): its plans are for a mirror that supplies it.
+MIRROR = PackageSource("mirror", "https://pypi.internal.example/simple")
+NOTES_RELEASE = Overrides(vllm_version="0.5.4")
+
+
 def plan(releases, profile=V100, name="internlm2-chat-20b", dtype="F16", workload=None, overrides=None,
-         facts=None, ram=None, **model_overrides):
+         facts=None, ram=None, source=None, **model_overrides):
     facts = facts if facts is not None else lab_facts(profile)
     ram = ram if ram is not None else (lab_ram_bytes(profile) if profile else None)
+    overrides = overrides or Overrides()
+    if source is None and overrides.vllm_version == "0.5.4":
+        source = MIRROR
     return plan_release(facts, model(name, dtype, **model_overrides), releases, workload or Workload(),
-                        overrides or Overrides(), Serve(), ram)
+                        overrides, Serve(), ram, source)
 
 
 def flag(args, name):
@@ -50,9 +59,10 @@ def reason(result, decision):
 # ------------------------------------------------------------------- the notes' 20B on their box
 
 def test_20b_on_v100_pcie_yields_the_field_notes_essentials(releases):
-    result = plan(releases)
+    result = plan(releases, overrides=NOTES_RELEASE)
     args = result["args"]
     assert result["vllm_version"] == "0.5.4"
+    assert "the field notes' measured release" in reason(result, "vllm_version")["reason"]
     assert result["pins"]["torch"] == "2.4.0" and result["pins"]["xformers"] == "0.0.27.post2"
     assert flag(args, "--dtype") == "half"
     assert "--enforce-eager" in args
@@ -66,6 +76,51 @@ def test_20b_on_v100_pcie_yields_the_field_notes_essentials(releases):
         assert replica["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert replica["env"]["VLLM_ATTENTION_BACKEND"] == "XFORMERS"
     assert "under 0.1 % of requests exceed 4096 tokens" in reason(result, "max_model_len")["reason"]
+
+
+def test_the_volta_default_is_0851_with_its_own_differences(releases):
+    result = plan(releases)
+    args = result["args"]
+    assert result["vllm_version"] == "0.8.5.post1"
+    assert result["pins"]["torch"] == "2.6.0" and result["pins"]["xformers"] == "0.0.29.post2"
+    assert (result["engine"], result["attention_backend"]) == ("V0", "XFORMERS")
+    assert "installs from PyPI today" in reason(result, "vllm_version")["reason"]
+    assert flag(args, "--dtype") == "half" and "--enforce-eager" in args
+    assert flag(args, "--swap-space") == "16"
+    # /metrics has the vllm:* series in the default front-end mode from 0.5.5 on; prompts are still logged
+    assert "--disable-frontend-multiprocessing" not in args and "--disable-log-requests" in args
+    for replica in result["replicas"]:
+        assert replica["env"]["VLLM_USE_V1"] == "0"  # no V1 attempt on CC 7.0
+        assert replica["env"]["NCCL_P2P_DISABLE"] == "1" and replica["env"]["VLLM_ATTENTION_BACKEND"] == "XFORMERS"
+    assert result["kv_cache"]["sizing"] == "v0-per-instance"
+    assert releases.release("0.8.5.post1").validate_argv(args) == []
+
+
+def test_054_from_pypi_is_refused_with_the_reason_and_the_remedy(releases):
+    with pytest.raises(PlanRefusal) as err:
+        plan(releases, overrides=NOTES_RELEASE, source=PackageSource())
+    assert err.value.reason.startswith("vLLM 0.5.4 cannot be installed from PyPI: ")
+    assert "vllm-project/vllm#23983" in err.value.reason and "pyairports-0.0.1.tar.gz" in err.value.reason
+    assert "bin/revive lock 0.5.4 --supply DIR" in err.value.reason
+    assert err.value.source == "data installability; docs/runtime-install.md"
+
+
+def test_054_from_a_wheelhouse_plans(releases):
+    result = plan(releases, overrides=NOTES_RELEASE, source=PackageSource("wheelhouse"))
+    assert result["vllm_version"] == "0.5.4"
+    assert "a wheelhouse, which must supply its whole lock" in reason(result, "vllm_version")["reason"]
+
+
+def test_a_release_whose_compiled_dependency_lacks_the_gpus_sm_is_refused(repo):
+    import yaml
+    with open(repo / "data" / "vllm-releases.yml") as handle:
+        raw = yaml.safe_load(handle)
+    raw["releases"]["0.8.5.post1"]["kernels"] = [
+        {"distribution": "xformers", "version": "0.0.29.post2", "cubin_archs": [75, 80, 86, 90], "ptx_archs": []}]
+    with pytest.raises(PlanRefusal, match=r"vLLM 0.8.5.post1 cannot run on Tesla V100-PCIE-32GB \(CC 7.0\): its "
+                                          r"compiled dependencies xformers 0.0.29.post2 \(cubins sm_75, sm_80, sm_86, "
+                                          r"sm_90\) carry no code for sm_70"):
+        plan(load_release_data(raw))
 
 
 def test_20b_on_v100_pcie_picks_two_socket_local_tp4_replicas_and_says_why(releases):
@@ -98,7 +153,7 @@ def test_pinning_tp8_reproduces_the_notes_launch_command(releases):
 
 
 def test_kv_estimate_is_revive_kv_for_the_chosen_settings(releases):
-    result = plan(releases)
+    result = plan(releases, overrides=NOTES_RELEASE)
     facts = lab_facts(V100)
     expected = kv_cache_plan(model("internlm2-chat-20b"), 4, facts["devices"][0]["memory"]["total_bytes"], 0.92, 16,
                              max_num_batched_tokens=8192, max_num_seqs=64, max_model_len=4096, release="0.5.4")
@@ -232,6 +287,8 @@ def test_gemma2_softcapping_is_refused_on_xformers(releases):
 
 def test_unsupported_head_size_is_refused(releases):
     with pytest.raises(PlanRefusal, match=r"head size 72 is not supported by PagedAttention in vLLM 0.5.4"):
+        plan(releases, name="llama-2-7b-chat", hidden_size=72 * 32, overrides=NOTES_RELEASE)
+    with pytest.raises(PlanRefusal, match=r"head size 72 is not supported by PagedAttention in vLLM 0.8.5.post1"):
         plan(releases, name="llama-2-7b-chat", hidden_size=72 * 32)
 
 
@@ -270,8 +327,14 @@ def test_pinning_an_unknown_release_is_refused(releases):
         plan(releases, overrides=Overrides(vllm_version="0.6.3"))
 
 
-def test_pinning_010_on_volta_runs_v0_with_its_flags(releases):
-    result = plan(releases, overrides=Overrides(vllm_version="0.10.1.1"))
+def test_pinning_010_on_volta_is_refused_for_its_xformers(releases):
+    with pytest.raises(PlanRefusal, match=r"vLLM 0.10.1.1 cannot run on Tesla V100-PCIE-32GB \(CC 7.0\): .*pin "
+                                          r"xformers==0.0.31 .* no sm_70 code"):
+        plan(releases, overrides=Overrides(vllm_version="0.10.1.1"))
+
+
+def test_pinning_010_on_turing_runs_v0_with_its_flags(releases):
+    result = plan(releases, profile="t4-4x", name="llama-2-7b-chat", overrides=Overrides(vllm_version="0.10.1.1"))
     assert result["engine"] == "V0" and result["env"]["VLLM_USE_V1"] == "0"
     assert "--disable-frontend-multiprocessing" not in result["args"]  # fixed in 0.5.5
     assert "--disable-log-requests" not in result["args"]              # opt-in logging since 0.10.1
@@ -288,8 +351,8 @@ def test_old_driver_is_refused(releases):
     facts["driver_branch"], facts["driver_version"] = 470, "470.223.02"
     with pytest.raises(PlanRefusal) as err:
         plan(releases, facts=facts)
-    assert err.value.reason.startswith("driver 470.223.02 (R470) is older than R525, which vLLM 0.5.4 (CUDA 12.1) "
-                                       "needs.")
+    assert err.value.reason.startswith("driver 470.223.02 (R470) is older than R525, which vLLM 0.8.5.post1 "
+                                       "(CUDA 12.4) needs.")
 
 
 # --------------------------------------------------------------------------------- NCCL by topology
@@ -307,7 +370,7 @@ def test_nccl_stays_on_behind_one_pcie_switch(releases):
 def test_single_gpu_replicas_get_no_nccl_variables(releases):
     result = plan(releases, profile=None, facts=synthetic_gpu_facts(1, 32), name="llama-2-7b-chat", ram=64 * GiB)
     assert result["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
-                             "VLLM_ATTENTION_BACKEND": "XFORMERS"}
+                             "VLLM_ATTENTION_BACKEND": "XFORMERS", "VLLM_USE_V1": "0"}
     assert "--disable-custom-all-reduce" not in result["args"]
 
 
@@ -344,7 +407,8 @@ def test_swap_space_override_that_pins_too_much_is_refused(releases):
 
 def test_fractional_swap_space_is_refused_on_054(releases):
     with pytest.raises(PlanRefusal, match=r"--swap-space 0.5: vLLM 0.5.4 takes whole GiB \(int\)"):
-        plan(releases, overrides=Overrides(swap_space=0.5))
+        plan(releases, overrides=Overrides(vllm_version="0.5.4", swap_space=0.5))
+    assert flag(plan(releases, overrides=Overrides(swap_space=0.5))["args"], "--swap-space") == "0.5"  # float from 0.5.5
 
 
 def test_unknown_host_ram_keeps_vllms_default_swap(releases):
@@ -391,7 +455,7 @@ def test_a_flag_missing_from_the_release_table_is_a_planner_error(repo):
     arguments = raw["releases"]["0.5.4"]["cli"]["arguments"]
     raw["releases"]["0.5.4"]["cli"]["arguments"] = [a for a in arguments if a["flags"] != ["--enforce-eager"]]
     with pytest.raises(PlanError, match=r"planner emitted an argv vLLM 0.5.4 rejects: unknown flag --enforce-eager"):
-        plan(load_release_data(copy.deepcopy(raw)))
+        plan(load_release_data(copy.deepcopy(raw)), overrides=NOTES_RELEASE)
 
 
 def test_every_replica_argv_is_valid_for_its_release(releases):

@@ -63,7 +63,7 @@ def test_play_plans_the_20b_and_sets_the_host_fact(repo, tmp_path):
     assert inspected["model"]["parameter_count"] == 19_861_149_696
     release = planned["release"]
     assert planned["refused"] is False and planned["changed"] is False
-    assert planned["ansible_facts"]["revive_release"]["vllm_version"] == "0.5.4"
+    assert planned["ansible_facts"]["revive_release"]["vllm_version"] == "0.8.5.post1"
     assert release["args"][release["args"].index("--served-model-name") + 1] == "chat-20b"
     assert "--enforce-eager" in release["args"] and release["env"]["NCCL_P2P_DISABLE"] == "1"
     assert shown["msg"] == ["0,1,2,3", "4,5,6,7"]

@@ -41,14 +41,15 @@ def test_real_entry_point_with_a_lab_profile(repo, chat20b):
                            "--gpus", "v100-pcie-8x"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "Release  vLLM 0.5.4 (torch 2.4.0, xformers 0.0.27.post2" in out
+    assert "Release  vLLM 0.8.5.post1 (torch 2.6.0, xformers 0.0.29.post2" in out
     assert "Layout   2 replica(s) x TP 4" in out
     assert "  vllm-0  port 8000  GPUs 0,1,2,3  socket 0, CPUs 0-19,40-59" in out
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1,2,3 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1" in out
     for line in ("--dtype half", "--enforce-eager", "--gpu-memory-utilization 0.92", "--max-model-len 4096",
-                 "--swap-space 16", "--disable-frontend-multiprocessing"):
+                 "--swap-space 16", "--disable-log-requests"):
         assert f"    {line}" in out
     assert "KV cache # GPU blocks: " in out and "1x TP8: 758 tok/s" in out
+    assert "--disable-frontend-multiprocessing" not in out  # 0.8.5.post1 serves vllm:* metrics without it
     assert "  - tensor_parallel_size = 4: 2 replica(s) of TP 4 predicted best at concurrency 32" in out
     assert "[SIMULATED] from lab profile" in out
 
@@ -113,8 +114,18 @@ def test_host_ram_bounds_swap(capsys, chat20b):
 
 
 def test_pinned_release(capsys, chat20b):
-    result = plan_json(capsys, "--model", chat20b, "--gpus", "v100-pcie-8x", "--vllm-version", "0.10.1.1")
+    result = plan_json(capsys, "--model", chat20b, "--gpus", "t4-4x", "--vllm-version", "0.10.1.1")
     assert result["vllm_version"] == "0.10.1.1" and result["env"]["VLLM_USE_V1"] == "0"
+
+
+def test_054_from_pypi_is_refused_and_plans_from_a_mirror(capsys, chat20b):
+    assert cli.main(["--model", chat20b, "--gpus", "v100-pcie-8x", "--vllm-version", "0.5.4"]) == 1
+    refusal = capsys.readouterr().err
+    assert refusal.startswith("revive plan: REFUSED: vLLM 0.5.4 cannot be installed from PyPI: ")
+    assert "pyairports" in refusal and "bin/revive lock 0.5.4 --supply DIR" in refusal
+    result = plan_json(capsys, "--model", chat20b, "--gpus", "v100-pcie-8x", "--vllm-version", "0.5.4",
+                       "--source", "mirror", "--index-url", "https://pypi.internal.example/simple")
+    assert result["vllm_version"] == "0.5.4" and "--disable-frontend-multiprocessing" in result["args"]
 
 
 def test_refusal_exits_1_with_the_reason(capsys, tmp_path):

@@ -84,8 +84,23 @@ def test_the_unit_runs_the_plans_argv_with_its_environment_pinning_and_limits(re
     assert "VLLM_API_KEY" not in text
 
 
+def test_the_unit_starts_after_the_nvidia_uvm_loader_and_checks_the_node_first(repo, tmp_path, real_release):
+    lines = unit_lines(render(repo, tmp_path, real_release, 0))
+    unit_section = lines[lines.index("[Unit]"):lines.index("[Service]")]
+    assert "After=network.target revive-nvidia-uvm.service" in unit_section
+    assert "Wants=revive-nvidia-uvm.service" in unit_section
+    # Requires= would stop or restart every replica along with the loader.
+    assert not any(line.startswith(("Requires=", "BindsTo=", "Requisite=")) for line in lines)
+    service = lines[lines.index("[Service]"):]
+    assert [line for line in service if line.startswith("ExecStartPre=")] == [
+        "ExecStartPre=/usr/local/libexec/revive/revive-nvidia-uvm check /dev/nvidia-uvm"]
+    # It runs as the service user in the unit's own sandbox, which sees the host's /dev.
+    assert not any(line.startswith(("PrivateDevices=", "PermissionsStartOnly=")) for line in lines)
+    assert "User=vllm" in service and "DevicePolicy=closed" in service
+
+
 def test_simulated_gpus_leave_the_pinning_as_a_comment_and_the_lab_dir_writable(repo, tmp_path, real_release):
-    lab = dict(real_release, replicas=[dict(r, cpu_affinity=None, numa_node=None,
+    lab = dict(real_release, simulated=True, replicas=[dict(r, cpu_affinity=None, numa_node=None,
                                             pinning_note="planned CPUs 0-19,40-59, NUMA node 0: not applied")
                                        for r in real_release["replicas"]])
     text = render(repo, tmp_path, lab, 0, {"vllm_service_writable_dirs": ["/run/fake-nvml"]})
@@ -93,13 +108,18 @@ def test_simulated_gpus_leave_the_pinning_as_a_comment_and_the_lab_dir_writable(
     assert not any(line.startswith(("CPUAffinity=", "NUMAPolicy=", "NUMAMask=")) for line in lines)
     assert "# CPU/NUMA pinning: planned CPUs 0-19,40-59, NUMA node 0: not applied." in text.splitlines()
     assert "ReadWritePaths=/run/fake-nvml" in lines
+    # The stand-in /dev/nvidia-uvm of simulated GPUs has no nvidia-uvm major to compare.
+    assert "ExecStartPre=/usr/local/libexec/revive/revive-nvidia-uvm check --simulated /dev/nvidia-uvm" in lines
 
 
 # systemd-analyze comes with systemd (a dependency of systemd-container, which .ci/run installs for the lab).
 def test_systemd_analyze_verify_accepts_the_unit(repo, tmp_path, real_release):
     helper = tmp_path / "vllm-wait-healthy"
     shutil.copy(repo / "roles/vllm_service/files/vllm-wait-healthy", helper)
-    text = render(repo, tmp_path, real_release, 0, {"vllm_service_health_helper": str(helper)})
+    uvm_helper = tmp_path / "revive-nvidia-uvm"
+    shutil.copy(repo / "roles/vllm_service/files/revive-nvidia-uvm", uvm_helper)
+    text = render(repo, tmp_path, real_release, 0, {"vllm_service_health_helper": str(helper),
+                                                    "vllm_service_uvm_helper": str(uvm_helper)})
     unit = tmp_path / "vllm-0.service"
     unit.write_text(text)
     proc = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)

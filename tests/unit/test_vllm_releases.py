@@ -33,7 +33,7 @@ def data(repo):
 
 
 def test_the_file_holds_the_required_releases(data):
-    assert data.versions() == ["0.5.4", "0.10.1.1", "0.20.0"]
+    assert data.versions() == ["0.5.4", "0.8.5.post1", "0.10.1.1", "0.20.0"]
 
 
 def test_054_has_the_full_cli_table_of_the_reference(data):
@@ -83,7 +83,7 @@ def test_swap_space_is_gone_in_020(data):
     assert data.release("0.20.0").argument("--disable-frontend-multiprocessing") is None
 
 
-@pytest.mark.parametrize("cc, version", [((7, 0), "0.5.4"), ((7, 5), "0.5.4"), ((8, 0), "0.10.1.1"),
+@pytest.mark.parametrize("cc, version", [((7, 0), "0.8.5.post1"), ((7, 5), "0.8.5.post1"), ((8, 0), "0.10.1.1"),
                                          ((9, 0), "0.10.1.1")])
 def test_default_release_by_compute_capability(data, cc, version):
     assert data.default_release(cc)[0] == version
@@ -94,11 +94,52 @@ def test_no_default_below_volta(data):
         data.default_release((6, 0))
 
 
-@pytest.mark.parametrize("version, status", [("0.5.4", "supported"), ("0.10.1.1", "supported"),
+@pytest.mark.parametrize("version, status", [("0.5.4", "supported"), ("0.8.5.post1", "supported"),
+                                             ("0.9.2", "supported"), ("0.10.0", "refused"), ("0.10.1.1", "refused"),
                                              ("0.10.2", "experimental"), ("0.19.1", "experimental"),
                                              ("0.20.0", "refused"), ("0.33.0", "refused"), ("0.4.2", "refused")])
 def test_volta_cutoffs_are_data(data, version, status):
     assert data.volta_status(version)["status"] == status
+
+
+def test_the_xformers_cut_holds_for_volta_only(data):
+    assert data.volta_status("0.10.1.1", (7, 5))["status"] == "supported"
+    assert "xformers==0.0.31" in data.volta_status("0.10.1.1", (7, 0))["reason"]
+    assert data.release("0.10.1.1").min_compute_capability == (7, 5)
+
+
+def test_the_volta_default_is_the_newest_release_pypi_installs_with_sm70_everywhere(data):
+    """The rule the default row states, recomputed from the data: installable from PyPI, supported on CC 7.0, and
+    every scanned compiled dependency has sm_70 code."""
+    qualified = [version for version, release in data.releases.items()
+                 if release.installability is not None and release.installability.pypi
+                 and data.volta_status(version)["status"] == "supported"
+                 and release.min_compute_capability <= (7, 0)
+                 and release.kernels and not release.kernel_gaps((7, 0))]
+    assert data.default_release((7, 0))[0] == max(qualified, key=parse_version) == "0.8.5.post1"
+
+
+def test_0851_kernels_were_scanned_for_every_compiled_dependency(data):
+    scanned = {scan.distribution: scan for scan in data.release("0.8.5.post1").kernels}
+    assert {"vllm", "xformers", "torch"} <= set(scanned)
+    assert all(70 in scan.cubin_archs for scan in scanned.values())
+
+
+def test_054_is_the_notes_release_that_pypi_cannot_install(data):
+    release = data.release("0.5.4")
+    assert release.installability.pypi is False
+    assert "vllm-project/vllm#23983" in release.installability.reason
+    assert [item["requirement"] for item in release.get("lock")["supplied"]] == ["pyairports==2.1.1"]
+
+
+def test_0851_cli_table_was_generated_from_the_wheel(data):
+    release = data.release("0.8.5.post1")
+    assert release.cli_complete is True
+    assert release.get("cli")["generated_from"].startswith("vllm-0.8.5.post1")
+    assert release.argument("--swap-space").type == "float"
+    assert release.argument("--max-model-len").type == "human_readable_int"
+    assert release.argument("--disable-log-requests") is not None
+    assert release.argument("--enable-log-requests") is None
 
 
 def test_engines_and_backends(data):
@@ -175,5 +216,5 @@ def test_schema_version(raw):
 
 def test_unknown_release_lookup(data):
     with pytest.raises(ReleaseDataError, match=r"vLLM 0.6.3 is not in the release data \(known: 0.5.4, "
-                                               r"0.10.1.1, 0.20.0\)"):
+                                               r"0.8.5.post1, 0.10.1.1, 0.20.0\)"):
         data.release("0.6.3")

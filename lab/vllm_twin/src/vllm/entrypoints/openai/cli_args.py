@@ -1,4 +1,8 @@
-"""Front-end arguments of vLLM 0.5.4's OpenAI server (reference/vllm-0.5.4-and-volta.md §2.1 rows 1-20, 99)."""
+"""Front-end arguments of vLLM 0.5.4's OpenAI server (reference/vllm-0.5.4-and-volta.md §2.1 rows 1-20, 99).
+
+`build_parser` gives the parser of the release the twin was built for: this hand-written one for 0.5.4,
+the one made from the release's CLI table (vllm/_twin/cli_table.py) for 0.8.5.post1.
+"""
 from __future__ import annotations
 
 import argparse
@@ -79,6 +83,11 @@ def make_arg_parser(parser: FlexibleArgumentParser) -> FlexibleArgumentParser:
     return parser
 
 
-def build_parser() -> FlexibleArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """The parser `python -m vllm.entrypoints.openai.api_server` uses (api_server.py:362-368 in 0.5.4)."""
+    from vllm._twin.release import current
+    release = current()
+    if release.behaviour.parser == "table":
+        from vllm._twin.cli_table import build_parser as table_parser
+        return table_parser(release.arguments)
     return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))

@@ -1,0 +1,161 @@
+"""The committed locks (data/locks/*.txt): they parse, agree with data/vllm-releases.yml, and every hash in
+them is a file PyPI serves today (network: one PEP 691 JSON page per project, metadata only)."""
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+import pytest
+from ansible.module_utils.revive_lockfile import Lock, canonical_name, lock_file_name, name_of, parse_lock
+from ansible.module_utils.revive_lockgen import NOT_PACKAGES
+from ansible.module_utils.revive_releases import load_release_file
+from packaging.requirements import Requirement
+from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK_DIR = REPO / "data" / "locks"
+LOCK_FILES = sorted(LOCK_DIR.glob("*.txt"))
+RELEASE_LOCK = re.compile(r"^vllm-(?P<version>.+)-py(?P<python>\d+\.\d+)\.txt$")
+RELEASE_LOCKS = [path for path in LOCK_FILES if RELEASE_LOCK.match(path.name)]
+SIMPLE_API = "https://pypi.org/simple/{}/"
+PEP_691 = "application/vnd.pypi.simple.v1+json"
+FETCH_THREADS = 16
+FETCH_TIMEOUT_S = 20
+FETCH_RETRIES = 2
+
+
+@pytest.fixture(scope="module")
+def releases():
+    return load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+
+
+def read_lock(path: Path) -> Lock:
+    return parse_lock(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+
+
+def test_there_are_release_locks():
+    assert {p.name for p in RELEASE_LOCKS} >= {"vllm-0.5.4-py3.10.txt", "vllm-0.5.4-py3.11.txt",
+                                               "vllm-0.8.5.post1-py3.10.txt", "vllm-0.8.5.post1-py3.11.txt"}
+
+
+@pytest.mark.parametrize("path", LOCK_FILES, ids=lambda p: p.name)
+def test_every_lock_parses(path):
+    lock = read_lock(path)
+    assert lock.entries and all(entry.hashes for entry in lock.entries)
+
+
+def test_every_release_with_a_lock_block_has_a_lock_per_python(releases):
+    expected = {lock_file_name(version, str(python))
+                for version in releases.versions() if releases.release(version).get("lock")
+                for python in releases.release(version).get("lock")["pythons"]}
+    assert expected <= {p.name for p in RELEASE_LOCKS}, "regenerate with bin/revive lock"
+
+
+@pytest.mark.parametrize("path", RELEASE_LOCKS, ids=lambda p: p.name)
+def test_a_release_lock_agrees_with_the_release_data(path, releases):
+    name = RELEASE_LOCK.match(path.name)
+    version, python = name.group("version"), name.group("python")
+    lock = read_lock(path)
+    release = releases.release(version)
+    block = release.get("lock")
+    assert block, f"{path.name}: vLLM {version} has no lock block in data/vllm-releases.yml"
+    assert lock.release == version and lock.value("python") == python
+    assert python in [str(p) for p in block["pythons"]]
+    assert lock.value("exclude-newer") == str(block["exclude_newer"])
+    assert lock.value("platform") == str(block["platform"])
+    supply = r" --supply \S+" if lock.supplied else ""  # a lock hashing supplied files names their directory
+    assert re.fullmatch(rf"bin/revive lock {re.escape(version)} --python {python}{supply}", lock.value("command"))
+    assert lock.get("vllm") is not None and lock.get("vllm").version == version
+    for pin, pinned in release.pins.items():
+        if pin in NOT_PACKAGES:
+            continue
+        entry = lock.get(pin)
+        assert entry is not None and Version(entry.version) == Version(pinned), f"{pin}=={pinned}: lock has {entry}"
+    environment = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+                   "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+    constraints = {name_of(value): value for value in lock.header.get("constraint", [])}
+    for item in block["constraints"]:
+        requirement = Requirement(item["requirement"])
+        assert constraints.get(requirement.name) == f"{item['requirement']} -- {item['source'].strip()}"
+        if requirement.marker is not None and not requirement.marker.evaluate(environment):
+            continue
+        entry = lock.get(requirement.name)
+        assert entry is not None, f"constraint {requirement} names a distribution the lock does not hold"
+        assert requirement.specifier.contains(entry.version, prereleases=True), f"{entry} breaks {requirement}"
+    assert len(constraints) == len(block["constraints"])
+    expected_supplied = {canonical_name(name_of(item["requirement"])): item["requirement"]
+                         for item in block["supplied"]}
+    listed = {canonical_name(name_of(r)): r for r in lock.supplied + lock.missing}
+    assert listed == expected_supplied, "every supplied distribution is hashed (supplied) or missing, no other"
+    for requirement in lock.supplied:
+        entry = lock.get(name_of(requirement))
+        assert entry is not None and f"{entry.name}=={entry.version}" == requirement
+
+
+# --- against PyPI ---------------------------------------------------------------------------------------
+
+def fetch_project(name: str) -> Optional[Dict[str, Set[str]]]:
+    """{version: sha256s of its files} from PyPI's PEP 691 JSON page; None when there is no such project."""
+    request = urllib.request.Request(SIMPLE_API.format(name), headers={"Accept": PEP_691})
+    for attempt in range(FETCH_RETRIES + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
+                page = json.load(response)
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            if attempt == FETCH_RETRIES:
+                raise
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if attempt == FETCH_RETRIES:
+                raise
+        time.sleep(1 + attempt)
+    versions: Dict[str, Set[str]] = {}
+    for item in page.get("files", []):
+        filename, sha = item.get("filename", ""), (item.get("hashes") or {}).get("sha256")
+        try:
+            if filename.endswith(".whl"):
+                version = parse_wheel_filename(filename)[1]
+            else:
+                version = parse_sdist_filename(filename)[1]
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            continue  # an old file name no installer can use
+        if sha:
+            versions.setdefault(str(version), set()).add(f"sha256:{sha}")
+    return versions
+
+
+def test_every_locked_hash_is_a_file_on_pypi():
+    locks = [read_lock(path) for path in LOCK_FILES]
+    projects = sorted({entry.key for lock in locks for entry in lock.entries} |
+                      {canonical_name(name_of(r)) for lock in locks for r in lock.missing})
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        pages = dict(zip(projects, pool.map(fetch_project, projects)))
+    problems: List[str] = []
+    for lock in locks:
+        for entry in lock.entries:
+            page = pages[entry.key]
+            if page is None:
+                problems.append(f"{lock.where}: {entry}: no project {entry.name} on PyPI")
+                continue
+            files = page.get(str(Version(entry.version)), set())
+            unknown = [h for h in entry.hashes if h not in files]
+            if unknown:
+                problems.append(f"{lock.where}: {entry}: {len(unknown)} of {len(entry.hashes)} hashes are no file of "
+                                f"{entry.name} {entry.version} on PyPI (it has {len(files)}), e.g. {unknown[0]}")
+        for requirement in lock.missing:
+            name, version = name_of(requirement), requirement.split("==", 1)[-1]
+            page = pages[canonical_name(name)]
+            if page and page.get(str(Version(version))):
+                problems.append(f"{lock.where}: {requirement} is listed as missing but PyPI serves it again; "
+                                "regenerate the lock and update the release's supplied list")
+    assert not problems, "locks that no longer install from PyPI (regenerate with bin/revive lock):\n" + \
+        "\n".join(problems)
