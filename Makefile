@@ -6,12 +6,13 @@ VENV := .venv
 STAMP := $(VENV)/.stamp
 ACT := source $(VENV)/bin/activate &&
 
-.PHONY: help venv fakenvml unit lint molecule test demo bench lab-up lab-down clean
+.PHONY: help venv fakenvml unit lint molecule test demo bench check-runtime lab-up lab-down clean
 
 help:
 	@echo "make demo   bring the lab up and run site.yml against it"
 	@echo "make test   unit tests, ansible-lint, Molecule scenarios on the lab"
 	@echo "make bench  long benchmarks (prints numbers)"
+	@echo "make check-runtime  install the locked vLLM releases into fresh venvs (~7.6 GB per Python) and run them"
 
 $(STAMP): requirements.txt bin/find-python
 	@py=$$(bin/find-python) || exit 1; \
@@ -46,6 +47,10 @@ demo: venv fakenvml
 
 bench: venv fakenvml
 	$(ACT) python -m pytest -q -s bench
+
+# Not part of `make test`: downloads the real wheels (tools/README.md). CHECK_RUNTIME_ARGS="--fresh" rebuilds.
+check-runtime: venv
+	$(ACT) python tools/check_runtime.py $(CHECK_RUNTIME_ARGS)
 
 lab-up: venv fakenvml
 	$(ACT) bin/lab up

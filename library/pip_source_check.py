@@ -10,7 +10,7 @@ description:
   - Reads the hash lock O(lock) (C(name==version --hash=sha256:...) lines, as C(bin/revive lock) writes them) and
     checks that the package source O(source) offers, for every entry, a wheel whose sha256 is one of the entry's
     hashes and whose tags install on the target (CPython O(python) on O(platform)). That is what
-    C(pip install --require-hashes --only-binary :all: --no-deps -r LOCK) needs; sdists never count.
+    C(pip install --require-hashes --no-deps -r LOCK --only-binary=:all:) needs; sdists never count.
   - For an index or a mirror it fetches one simple-index page per entry (C(<index_url>/<normalized name>/)), asking
     for the PEP 691 JSON form and reading the PEP 503 HTML form (hashes in C(#sha256=) fragments) when the index
     serves only that; a few pages at a time, with a timeout and retries. Plain http is used only for
@@ -80,7 +80,7 @@ attributes:
   diff_mode:
     support: none
 notes:
-  - Run it where pip will run: an index or a mirror is checked from the node (its network, proxy and trusted host),
+  - Run it where pip will run. An index or a mirror is checked from the node (its network, proxy and trusted host),
     a wheelhouse where its directory is.
   - Yanked files count, as pip installs a yanked file that an C(==) pin names. Wheels a page lists without a sha256
     cannot be proved and are reported.

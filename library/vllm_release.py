@@ -44,11 +44,10 @@ options:
   python:
     description: Interpreter the release venv is made from; for V(venv_spec).
     type: str
-  extra_packages:
-    description: Exact pins installed besides the release's; for V(venv_spec).
-    type: list
-    elements: str
-    default: []
+  lock_sha256:
+    description: The sha256 of the release's lock, part of the venv name (a regenerated lock gets a new venv); for V(venv_spec).
+    type: str
+    default: ""
   venv:
     description: The release venv (C(/opt/vllm/venvs/<version>-<hash>)); for V(query).
     type: path
@@ -290,7 +289,7 @@ def model_path_of(plan: dict) -> str:
     return next((args[i + 1] for i, word in enumerate(args[:-1]) if word == "--model"), "")
 
 
-def venv_spec(module: AnsibleModule, plan: dict, python: str, extra: list) -> dict:
+def venv_spec(module: AnsibleModule, plan: dict, python: str, lock_sha256: str) -> dict:
     host = platform.node()
     pins = plan.get("pins") or {}
     if not plan.get("vllm_version") or not pins:
@@ -306,9 +305,11 @@ def venv_spec(module: AnsibleModule, plan: dict, python: str, extra: list) -> di
         raise ReleaseError(f"vLLM {plan['vllm_version']} needs Python {wanted}; {python} on {host} is {version}. Set "
                            "vllm_runtime_python to a matching interpreter")
     cc = (plan.get("gpu") or {}).get("compute_capability")
-    packages, notes = venv_packages(pins, cc, extra)
-    return {"packages": packages, "notes": notes, "name": venv_name(str(plan["vllm_version"]), packages, python),
-            "python": python, "python_version": version, "flash_attention_excluded": cc_below_8(cc)}
+    packages, notes = venv_packages(pins, cc)
+    return {"packages": packages, "notes": notes,
+            "name": venv_name(str(plan["vllm_version"]), packages, python, lock_sha256),
+            "python": python, "python_version": version, "python_minor": ".".join(version.split(".")[:2]),
+            "flash_attention_excluded": cc_below_8(cc)}
 
 
 def unit_journal(module: AnsibleModule, unit: str, lines: int, redact: list, since_usec: int) -> list:
@@ -340,7 +341,7 @@ def main() -> None:
             "path": {"type": "path", "default": "/var/lib/revive/releases.json"},
             "plan": {"type": "dict"},
             "python": {"type": "str"},
-            "extra_packages": {"type": "list", "elements": "str", "default": []},
+            "lock_sha256": {"type": "str", "default": ""},
             "venv": {"type": "path"},
             "environment": {"type": "dict", "default": {}},
             "timing": {"type": "dict", "default": {}, "options": TIMING_SPEC},
@@ -375,7 +376,7 @@ def main() -> None:
                              stale_units=stale_units(record.current, desired), **base)
         if state == "venv_spec":
             module.exit_json(changed=False, **venv_spec(module, params["plan"], params["python"],
-                                                        params["extra_packages"]))
+                                                        params["lock_sha256"]))
         if state == "journal":
             module.exit_json(changed=False, journal={
                 unit: unit_journal(module, unit, params["lines"], params["redact"], params["since_usec"])

@@ -205,7 +205,10 @@ def wheel_requires(path: str) -> List[str]:
         raise LockGenError(f"{path}: not a wheel ({exc}); supply the .whl file itself") from None
     requires = []
     for text in metadata.get_all("Requires-Dist") or []:
-        marker = Requirement(text).marker
+        try:
+            marker = Requirement(text).marker
+        except InvalidRequirement as exc:
+            raise LockGenError(f"{path}: its METADATA has a malformed Requires-Dist {text!r} ({exc})") from None
         if marker is None or "extra" not in str(marker):
             requires.append(text.strip())
     return requires

@@ -54,12 +54,11 @@ def cc_below_8(compute_capability: Any) -> bool:
     return bool(match) and int(match.group(1)) < 8
 
 
-def venv_packages(pins: Dict[str, Any], compute_capability: Any,
-                  extra: Sequence[str] = ()) -> Tuple[List[str], List[str]]:
-    """The exact pins a release venv installs, and the notes on what was left out.
+def venv_packages(pins: Dict[str, Any], compute_capability: Any) -> Tuple[List[str], List[str]]:
+    """The exact pins a release venv must hold (its lock pins them and everything else), and what was left out.
 
     The planner's pins hold non-package keys (cuda, python) and, for 0.5.4, vllm-flash-attn; below CC 8.0
-    FlashAttention is never asked for (it is refused in `extra` too).
+    FlashAttention is never asked for.
     """
     volta = cc_below_8(compute_capability)
     packages: List[str] = []
@@ -72,24 +71,14 @@ def venv_packages(pins: Dict[str, Any], compute_capability: Any,
                          "XFORMERS (reference/vllm-0.5.4-and-volta.md §1.3)")
             continue
         packages.append(f"{name}=={pins[name]}")
-    for requirement in extra:
-        name = re.split(r"[=<>!~\[; ]", requirement.strip(), maxsplit=1)[0]
-        if volta and _canonical(name) in FLASH_ATTENTION_PACKAGES:
-            raise ReleaseError(f"extra package {requirement!r} is FlashAttention, which GPUs of compute capability "
-                               f"{compute_capability} cannot use (vLLM selects XFORMERS below 8.0; flash-attn does "
-                               "not build on V100, field notes). Remove it from vllm_runtime_extra_packages")
-        if _canonical(name) in {_canonical(p.split("==")[0]) for p in packages}:
-            raise ReleaseError(f"extra package {requirement!r} is already pinned by the release "
-                               f"({', '.join(packages)}); change the plan's pins instead")
-        packages.append(requirement.strip())
     return packages, notes
 
 
-def venv_name(vllm_version: str, packages: Sequence[str], python: str) -> str:
-    """`<version>-<hash>`: the hash covers the pins and the interpreter, so a new Python never rebuilds the
-    venv a running release uses in place."""
-    digest = hashlib.sha256("\n".join(sorted(packages) + [python]).encode()).hexdigest()
-    return f"{vllm_version}-{digest[:VENV_PINS_HASH_LENGTH]}"
+def venv_name(vllm_version: str, packages: Sequence[str], python: str, lock_sha256: str = "") -> str:
+    """`<version>-<hash>`: the hash covers the pins, the interpreter and the lock, so a new Python or a
+    regenerated lock never rebuilds the venv a running release uses in place."""
+    digest = hashlib.sha256("\n".join(sorted(packages) + [python] + ([lock_sha256] if lock_sha256 else [])).encode())
+    return f"{vllm_version}-{digest.hexdigest()[:VENV_PINS_HASH_LENGTH]}"
 
 
 def python_satisfies(version: str, spec: str) -> bool:

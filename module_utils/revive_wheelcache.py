@@ -24,7 +24,7 @@ import re
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional
 
 from ansible.module_utils.revive_files import write_json_atomic
@@ -39,7 +39,6 @@ from ansible.module_utils.revive_wheelsource import (
     SourceReport,
     WheelSourceError,
     check_source,
-    http_for,
     locked_sha256,
     sha256_file,
 )
@@ -235,7 +234,7 @@ def fill_cache(lock: Lock, source: Source, target: Target, dest: str, progress: 
     Raises SourceProblems (nothing downloaded) when the source does not serve the whole lock, DownloadError
     when a file cannot be fetched or verified. In check mode only reads: the result says what would be
     downloaded and how many bytes, where the source gives sizes."""
-    http = http or http_for(source)
+    http = replace(http or Http(), trusted_host=source.trusted_host)
     report = check_source(lock, source, target, http, jobs)
     if not report.ok:
         raise SourceProblems(report)
@@ -306,8 +305,8 @@ class ProgressFile:
 
     dest: str
     interval: float = 1.0
-    _last: float = 0.0
-    _state: dict = field(default_factory=dict)
+    _last: float = field(default=0.0, init=False)
+    _state: dict = field(default_factory=dict, init=False)
 
     @property
     def path(self) -> str:

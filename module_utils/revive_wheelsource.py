@@ -32,13 +32,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from http.client import HTTPException
 from typing import Dict, List, Optional, Tuple
 
 from ansible.module_utils.revive_lockfile import Lock, LockEntry, LockError, canonical_name, parse_lock
-from ansible.module_utils.revive_venv import PUBLIC_INDEX, Source, VenvError, parse_version, source_from_params
+from ansible.module_utils.revive_venv import (
+    PUBLIC_INDEX,
+    Source,
+    VenvError,
+    parse_version,
+    satisfies_pin,
+    source_from_params,
+)
 from ansible.module_utils.revive_wheeltags import (
     Target,
     TargetError,
@@ -270,8 +277,22 @@ def sha256_file(path: str) -> str:
 
 
 def _same_release(wheel_version: str, pinned: str) -> bool:
-    have, want = parse_version(wheel_version), parse_version(pinned)
-    return (have.public, have.local) == (want.public, want.local)
+    """Whether a wheel's version satisfies `==pinned` as pip reads it (a pin without a local label ignores the
+    wheel's: torch==2.4.0 takes 2.4.0+cu121)."""
+    return satisfies_pin(wheel_version, pinned)
+
+
+def _local_key(version: str) -> tuple:
+    """PEP 440 order of local labels: none first, then segment by segment, numbers above letters."""
+    local = parse_version(version).local
+    if not local:
+        return ()
+    return tuple((1, int(part), "") if part.isdigit() else (0, 0, part) for part in local.split("."))
+
+
+def _pip_order(offered: OfferedFile, wheel, rank: int, hash_known: bool) -> tuple:
+    """pip's preference among candidates of one pin (higher first): unyanked, version, tag priority, build."""
+    return (0 if offered.yanked and hash_known else 1, _local_key(wheel.version), -rank, wheel.build[0])
 
 
 def wheelhouse_pages(directory: str, entries: List[LockEntry], jobs: int) -> Dict[str, Page]:
@@ -339,11 +360,11 @@ def select_file(entry: LockEntry, page: Page, target: Target, wheelhouse: bool) 
     usable = [(offered, wheel, wheel_rank(wheel, target)) for offered, wheel in locked]
     usable = [(o, w, r) for o, w, r in usable if r is not None and python_allows(o.requires_python, target)]
     if usable:
-        offered, wheel, _ = min(usable, key=lambda c: (c[0].yanked, c[2], -c[1].build[0], c[0].filename))
+        offered, wheel, _ = max(usable, key=lambda c: _pip_order(c[0], c[1], c[2], True))
         if wheelhouse:
             ranked = [(o, w, wheel_rank(w, target)) for o, w in wheels]
             ranked = [(o, w, r) for o, w, r in ranked if r is not None and python_allows(o.requires_python, target)]
-            preferred, _, _ = min(ranked, key=lambda c: (c[2], -c[1].build[0], c[0].filename))
+            preferred, _, _ = max(ranked, key=lambda c: _pip_order(c[0], c[1], c[2], False))
             if preferred.sha256 not in hashes:
                 return None, Problem(requirement, (
                     f"the wheelhouse {where} holds {preferred.filename}, which pip prefers for {requirement} on "
@@ -425,8 +446,9 @@ def http_for(source: Source, timeout: float = 60.0, retries: int = 3, backoff: f
 def check_source(lock: Lock, source: Source, target: Target, http: Optional[Http] = None,
                  jobs: int = 8) -> SourceReport:
     """Whether `source` offers, for every entry of `lock`, a wheel with a locked hash that installs on
-    `target`. Reads only; raises WheelSourceError when the source itself is unusable."""
-    http = http or http_for(source)
+    `target`. Reads only; raises WheelSourceError when the source itself is unusable. `http` sets timeouts
+    and retries; the trusted host is always the source's."""
+    http = replace(http or Http(), trusted_host=source.trusted_host)
     entries = list(lock.entries)
     report = SourceReport(lock.where, source.describe(), target.describe(), len(entries),
                           problems=missing_problems(lock))

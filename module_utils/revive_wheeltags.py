@@ -132,7 +132,7 @@ class WheelName:
 
 def parse_wheel_name(filename: str) -> Optional[WheelName]:
     """The parts of `name-version(-build)?-python-abi-platform.whl`, or None when it is no wheel name."""
-    if not filename.endswith(".whl"):
+    if not filename.endswith(".whl") or any(char in filename for char in "/\\\0") or filename.startswith("."):
         return None
     parts = filename[:-4].split("-")
     if len(parts) not in (5, 6) or not all(parts):

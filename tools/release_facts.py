@@ -445,6 +445,8 @@ class FatbinScan:
     entries: int = 0
     verified: int = 0                        # entries whose arch a second method (ELF e_flags / PTX .target) confirms
     mismatches: List[str] = field(default_factory=list)
+    containers: int = 0                      # fatbin containers, one per compiled .cu translation unit
+    containers_with: Dict[int, int] = field(default_factory=dict)  # sm -> containers holding code for it
 
 
 def elf_sections(handle: Any, path: str) -> Dict[str, Tuple[int, int]]:
@@ -522,6 +524,8 @@ def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: st
             pos += 8  # containers are 8-byte aligned; padding between them is zeros
             continue
         entry, stop = pos + header_size, pos + header_size + fat_size
+        scan.containers += 1
+        seen = set()
         while entry + 64 <= stop:
             handle.seek(entry)
             head = handle.read(64)
@@ -533,6 +537,7 @@ def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: st
                 break
             if kind in (KIND_PTX, KIND_CUBIN):
                 scan.entries += 1
+                seen.add(arch)
                 (scan.cubin_archs if kind == KIND_CUBIN else scan.ptx_archs).add(arch)
                 handle.seek(entry + entry_header)
                 # the payload is padded to 8 bytes after its compressed_size bytes of LZ4 data
@@ -548,6 +553,8 @@ def scan_fatbin(handle: Any, offset: int, size: int, scan: FatbinScan, where: st
                 elif stated is not None:
                     scan.mismatches.append(f"{where}+{entry:#x}: header sm_{arch}, content sm_{stated}")
             entry += entry_header + payload_size
+        for arch in seen:
+            scan.containers_with[arch] = scan.containers_with.get(arch, 0) + 1
         pos = stop
 
 
@@ -591,7 +598,9 @@ def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
         scan = scan_file(path)
         if scan is None:
             continue
-        per_file[str(path.relative_to(site))] = {"cubin": sorted(scan.cubin_archs), "ptx": sorted(scan.ptx_archs)}
+        per_file[str(path.relative_to(site))] = {
+            "cubin": sorted(scan.cubin_archs), "ptx": sorted(scan.ptx_archs), "containers": scan.containers,
+            "containers_with": dict(sorted(scan.containers_with.items()))}
         total.cubin_archs |= scan.cubin_archs
         total.ptx_archs |= scan.ptx_archs
         total.entries += scan.entries
@@ -605,7 +614,8 @@ def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
 
 def kernels_block(results: List[Dict[str, Any]], release: str) -> str:
     """`kernels:` as the loader reads it (a list of {distribution, version, cubin_archs, ptx_archs}), plus the
-    per-file archs (`files:`, for the reader: one .so without sm_70 matters only if that code path runs)."""
+    per-file archs (`files:`, for the reader: the union over a .so hides that one translation unit may carry an
+    arch the others lack, so `containers_with` counts the fatbin containers holding code for each sm)."""
     lines = [
         "    kernels:",
         "      # sm_XX of the cubins / PTX in every .nv_fatbin of each distribution's .so files: fatbin entry headers,",
@@ -617,8 +627,8 @@ def kernels_block(results: List[Dict[str, Any]], release: str) -> str:
             lines.append(f"        {key}: {yaml_flow(result[key], quote=(key == 'version'))}")
         lines.append("        files:")
         for name, archs in result["files_with_fatbin"].items():
-            lines.append(f"          {json.dumps(name)}: {{cubin: {yaml_flow(archs['cubin'])}, "
-                         f"ptx: {yaml_flow(archs['ptx'])}}}")
+            lines.append(f"          {json.dumps(name)}:")
+            lines.extend(f"            {key}: {yaml_flow(value)}" for key, value in archs.items())
     return "\n".join(lines) + "\n"
 
 
@@ -651,7 +661,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         print(f"  {result['verified']} of {result['entries']} entries confirmed by their content, "
               f"{len(result['mismatches'])} contradicted")
         for name, archs in result["files_with_fatbin"].items():
-            print(f"  {name}: cubin {archs['cubin']} ptx {archs['ptx']}")
+            print(f"  {name}: cubin {archs['cubin']} ptx {archs['ptx']}; of {archs['containers']} containers, "
+                  f"per sm: {archs['containers_with']}")
         for line in result["mismatches"][:20]:
             print(f"  MISMATCH {line}")
         failed = failed or bool(result["mismatches"])

@@ -60,9 +60,9 @@ def _size(count: int) -> str:
 class ProgressLine:
     """The live one-line display on a terminal (redrawn at most 5 times a second); elsewhere one line per file."""
 
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.live = hasattr(stream, "isatty") and stream.isatty()
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = time.monotonic()
         self.first_bytes: Optional[int] = None
         self.last_draw = 0.0

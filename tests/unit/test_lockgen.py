@@ -175,6 +175,9 @@ def test_a_supply_directory_without_the_wheel_is_an_error(tmp_path):
         release_job(release(), "3.10", supply_dir=str(tmp_path))
     with pytest.raises(LockGenError, match=r"--supply .*/nowhere: not a directory"):
         release_job(release(), "3.10", supply_dir=str(tmp_path / "nowhere"))
+    (tmp_path / "pyairports-2.1.1-py3-none-any.whl").write_bytes(b"not a zip")
+    with pytest.raises(LockGenError, match=r"pyairports-2.1.1-py3-none-any.whl: not a wheel .*supply the .whl file"):
+        release_job(release(), "3.10", supply_dir=str(tmp_path))
 
 
 def test_a_supplied_requirement_must_be_an_exact_pin():

@@ -98,6 +98,7 @@ def test_scan_reads_cubin_and_ptx_archs_of_every_container(facts, tmp_path):
     assert sorted(scan.cubin_archs) == [70, 90]
     assert sorted(scan.ptx_archs) == [60, 80]
     assert (scan.entries, scan.verified, scan.mismatches) == (4, 4, [])
+    assert (scan.containers, scan.containers_with) == (2, {70: 1, 80: 1, 90: 1, 60: 1})
 
 
 @pytest.mark.parametrize("section", [".nv.fatbin", "__nv_relfatbin"])
@@ -144,11 +145,13 @@ def test_scan_dependency_unions_files_and_keeps_each_file(facts, tmp_path):
     (site / "pkg" / "plain.so").write_bytes(elf_with_sections({".text": b"\0"}))
     result = facts.scan_dependency(site, facts.Dependency("pkg", "pkg", "**/*.so"))
     assert (result["version"], result["files_scanned"], result["cubin_archs"]) == ("1.2", 3, [70, 80])
-    assert result["files_with_fatbin"] == {"pkg/_C.so": {"cubin": [70], "ptx": []},
-                                           "pkg/sub/_fa.so": {"cubin": [80], "ptx": []}}
+    assert result["files_with_fatbin"] == {
+        "pkg/_C.so": {"cubin": [70], "ptx": [], "containers": 1, "containers_with": {70: 1}},
+        "pkg/sub/_fa.so": {"cubin": [80], "ptx": [], "containers": 1, "containers_with": {80: 1}}}
     block = facts.kernels_block([result], "9.9")
     loaded = yaml.safe_load(block)["kernels"]
     assert loaded[0]["distribution"] == "pkg" and loaded[0]["cubin_archs"] == [70, 80]
+    assert loaded[0]["files"] == result["files_with_fatbin"]
 
 
 # --- the CLI dump -------------------------------------------------------------------------------------------

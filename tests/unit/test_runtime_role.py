@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_venv_build import make_wheel
+from test_venv_build import auto_lock, make_wheel
 
 BIN = os.path.dirname(sys.executable)
 DEBIAN_PYTHON = "/usr/bin/python3.11"  # roles/vllm_runtime/vars/Debian.yml
@@ -21,6 +21,7 @@ SPEC_TASK = "Work out the venv's pins and name; check the interpreter against th
 def run_role(repo, tmp_path, release: dict, *flags: str, **role_vars) -> tuple:
     (tmp_path / "release.json").write_text(json.dumps(release))
     params = {"vllm_runtime_release": "{{ lookup('ansible.builtin.file', '%s') | from_json }}" % (tmp_path / "release.json"),
+              "vllm_runtime_lock_dir": str(tmp_path / "locks"),
               "vllm_runtime_venvs_root": str(tmp_path / "venvs"),
               "vllm_runtime_node_wheelhouse": str(tmp_path / "node/wheelhouse"),
               "vllm_runtime_record_path": str(tmp_path / "releases.json"), **role_vars}
@@ -51,11 +52,15 @@ def run_role(repo, tmp_path, release: dict, *flags: str, **role_vars) -> tuple:
 
 @pytest.fixture
 def release_wheelhouse(tmp_path) -> Path:
+    """Stand-in wheels and their locks, as `bin/lab wheelhouse` makes them: one per interpreter the tests use."""
     house = tmp_path / "wheelhouse"
     house.mkdir()
     make_wheel(house, "vllm", "0.5.4+sim", "__version__ = '0.5.4+sim'\n", requires=("torch==2.4.0",))
     make_wheel(house, "torch", "2.4.0+sim", "__version__ = '2.4.0+sim'\n")
     make_wheel(house, "vllm_flash_attn", "2.6.1+sim", "__version__ = '2.6.1+sim'\n")
+    (tmp_path / "locks").mkdir()
+    for minor in {"3.11", "%d.%d" % sys.version_info[:2]}:
+        auto_lock(house, ("vllm==0.5.4",), tmp_path / "locks" / f"vllm-0.5.4-py{minor}.txt")
     return house
 
 
@@ -113,12 +118,36 @@ def test_old_venvs_go_but_not_the_recorded_ones(repo, tmp_path, release_wheelhou
         tasks["Show the published venv"]["vllm_runtime_venv"]["path"]).name])
 
 
-def test_flash_attn_requested_on_volta_is_refused_before_anything_is_built(repo, tmp_path, release_wheelhouse):
+def test_flash_attn_in_a_volta_lock_is_refused_before_anything_is_built(repo, tmp_path, release_wheelhouse):
+    lock = tmp_path / "locks" / ("vllm-0.5.4-py%d.%d.txt" % sys.version_info[:2])
+    lock.write_text(lock.read_text() + f"flash-attn==2.5.8 --hash=sha256:{'1' * 64}\n")
     source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
     code, tasks, _ = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
-                              vllm_runtime_python=sys.executable, vllm_runtime_extra_packages=["flash-attn==2.5.8"])
+                              vllm_runtime_python=sys.executable)
     assert code != 0
-    failed = tasks[SPEC_TASK]
-    assert failed["msg"].startswith("extra package 'flash-attn==2.5.8' is FlashAttention, which GPUs of compute "
-                                    "capability 7.0 cannot use")
-    assert not (tmp_path / "venvs").exists()
+    failed = tasks["Refuse FlashAttention in the lock of a GPU below compute capability 8.0"]
+    assert failed["msg"].startswith(f"The lock {lock} pins flash-attn, which GPUs of compute capability 7.0 cannot use")
+    assert not (tmp_path / "venvs").exists() and not (tmp_path / "node").exists()
+
+
+def test_a_release_without_a_lock_is_refused_with_the_command_that_makes_one(repo, tmp_path, release_wheelhouse):
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    release = dict(ANY_PYTHON, vllm_version="0.5.5", pins=dict(ANY_PYTHON["pins"], vllm="0.5.5"))
+    code, tasks, _ = run_role(repo, tmp_path, release, vllm_runtime_pip_source=source,
+                              vllm_runtime_python=sys.executable)
+    minor = "%d.%d" % sys.version_info[:2]
+    assert code != 0
+    assert tasks["Refuse a release without a lock for this interpreter"]["msg"].startswith(
+        f"There is no lock {tmp_path}/locks/vllm-0.5.5-py{minor}.txt for vLLM 0.5.5 on Python {minor}")
+    assert f"`bin/revive lock 0.5.5 --python {minor}`" in tasks["Refuse a release without a lock for this interpreter"]["msg"]
+    assert not (tmp_path / "venvs").exists() and not (tmp_path / "node").exists()
+
+
+def test_a_wheelhouse_missing_a_locked_wheel_is_refused_before_the_node_changes(repo, tmp_path, release_wheelhouse):
+    (release_wheelhouse / "torch-2.4.0+sim-py3-none-any.whl").unlink()
+    source = {"type": "wheelhouse", "wheelhouse": str(release_wheelhouse)}
+    code, tasks, _ = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
+                              vllm_runtime_python=sys.executable)
+    assert code != 0
+    assert "torch==2.4.0+sim" in tasks["Check that the package source offers every locked wheel"]["msg"]
+    assert not (tmp_path / "venvs").exists() and not (tmp_path / "node").exists()

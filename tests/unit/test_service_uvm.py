@@ -108,8 +108,8 @@ HELPER_ENV_KEYS = ("REVIVE_NVIDIA_MODPROBE", "REVIVE_PROC_DEVICES")
 def driver(tmp_path):
     """A stand-in for the driver: /proc/devices, nvidia-modprobe and modprobe, all under tmp_path.
 
-    The fakes log their argv and, when told to succeed, register nvidia-uvm (major 511) in the fake
-    /proc/devices as the real module would.
+    The fakes log their argv and, unless told to fail, register nvidia-uvm (major 511) among the character
+    devices of the fake /proc/devices, as the real module would; nvidia-modprobe also makes the node.
     """
     proc_devices = tmp_path / "proc-devices"
     proc_devices.write_text("Character devices:\n  1 mem\n  4 tty\n195 nvidia-frontend\n\nBlock devices:\n"
@@ -119,9 +119,9 @@ def driver(tmp_path):
     calls = tmp_path / "calls"
     for name, body in (("modprobe", "echo modprobe \"$@\" >> {calls}\n"
                                     "[ -e {fakes}/modprobe.fails ] && exit 1\n"
-                                    "printf '511 nvidia-uvm\\n' >> {pd}\n"),
+                                    "sed -i 's/^Character devices:$/&\\n511 nvidia-uvm/' {pd}\n"),
                        ("nvidia-modprobe", "echo nvidia-modprobe \"$@\" >> {calls}\n"
-                                           "printf '511 nvidia-uvm\\n' >> {pd}\n"
+                                           "sed -i 's/^Character devices:$/&\\n511 nvidia-uvm/' {pd}\n"
                                            "mknod -m 0666 \"$FAKE_UVM_DEVICE\" c 511 0\n")):
         fake = fakes / name
         fake.write_text("#!/bin/sh\n" + body.format(calls=calls, fakes=fakes, pd=proc_devices))

@@ -6,6 +6,7 @@ and can cut a download mid-way, ignore Range, fail with 503 or redirect; the mod
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ from revive_cli import wheels as cli
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 TARGET = make_target("3.10", "manylinux_2_35_x86_64")
-FAST = Http(trusted_host="127.0.0.1", timeout=10, retries=0, backoff=0)
+FAST = Http(timeout=10, retries=0, backoff=0)
 
 
 def sha256(data: bytes) -> str:
@@ -272,6 +273,7 @@ def test_wheel_names_and_targets_are_parsed_or_refused_with_the_fix():
     assert (built.name, built.version, built.build, built.tag_text) == ("vllm", "0.5.4", (2, ""), "cp38-abi3-manylinux1_x86_64")
     assert parse_wheel_name("vllm-0.5.4.tar.gz") is None
     assert parse_wheel_name("broken-py3-none-any.whl") is None
+    assert parse_wheel_name("x-1-py3-none-any/../../evil.whl") is None
     assert make_target("3.10.12", "manylinux2014_x86_64").platform == "manylinux_2_17_x86_64"
     with pytest.raises(TargetError, match="linux_x86_64 and musllinux wheels are never installed"):
         make_target("3.10", "linux_x86_64")
@@ -380,7 +382,7 @@ def test_plain_http_needs_the_trusted_host_and_so_does_every_redirect(two_projec
 def test_pages_are_retried_after_5xx(two_projects):
     index, lock = two_projects
     index.fail["/simple/torch/"] = 2
-    patient = Http(trusted_host="127.0.0.1", timeout=10, retries=2, backoff=0)
+    patient = Http(timeout=10, retries=2, backoff=0)
     assert check_source(lock_of(lock), mirror(index), TARGET, patient).ok
     assert [r["status"] for r in index.requests if r["path"] == "/simple/torch/"] == [503, 503, 200]
     index.fail["/simple/torch/"] = 5
@@ -408,6 +410,20 @@ def test_wheelhouse_check_hashes_files_and_flags_a_preferred_unlocked_build(tmp_
     assert report.problems[0].message.startswith(f"no wheel of tinypkg==1.0 with a locked hash at {house} ")
     with pytest.raises(WheelSourceError, match="is not a directory"):
         check_source(lock_of(lock), Source("wheelhouse", None, None, str(tmp_path / "nowhere")), TARGET)
+
+
+def test_a_pin_without_a_local_label_takes_a_labelled_wheel_as_pip_does(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    (house / "torch-2.4.0+cu121-cp310-cp310-linux_x86_64.whl").write_bytes(b"local build, never installable")
+    (house / "torch-2.4.0+cu121-cp310-cp310-manylinux1_x86_64.whl").write_bytes(b"cu121")
+    lock = write_lock(tmp_path / "lock.txt", [("torch", "2.4.0", [sha256(b"cu121")])])
+    source = Source("wheelhouse", None, None, str(house))
+    report = check_source(lock_of(lock), source, TARGET)
+    assert report.ok and report.selected[0].filename == "torch-2.4.0+cu121-cp310-cp310-manylinux1_x86_64.whl"
+    (house / "torch-2.4.0+cu124-cp310-cp310-manylinux1_x86_64.whl").write_bytes(b"cu124")
+    report = check_source(lock_of(lock), source, TARGET)
+    assert "holds torch-2.4.0+cu124-cp310-cp310-manylinux1_x86_64.whl, which pip prefers" in report.problems[0].message
 
 
 # --- the fleet cache ---------------------------------------------------------------------------------
@@ -462,7 +478,7 @@ def test_a_cut_connection_resumes_within_the_same_run_when_retries_allow(two_pro
     index, lock = two_projects
     torch = "torch-2.6.0-cp310-cp310-manylinux1_x86_64.whl"
     index.cut[torch] = 120_000
-    retrying = Http(trusted_host="127.0.0.1", timeout=10, retries=1, backoff=0)
+    retrying = Http(timeout=10, retries=1, backoff=0)
     result = fill_cache(lock_of(lock), mirror(index), TARGET, str(tmp_path / "cache"), http=retrying)
     assert result.bytes_downloaded == 340_000
     assert [(r["range"], r["sent"]) for r in index.file_requests() if torch in r["path"]] == \
@@ -566,6 +582,24 @@ def test_cli_check_fetch_and_dry_run(two_projects, tmp_path, capsys):
     assert "[2/2] 0.3 MiB of 0.3 MiB" in err
     code, out, _ = run_cli(capsys, "fetch", *source, "--dest", str(tmp_path / "c"))
     assert "downloaded 0 wheels (0.0 MiB), kept 2" in out
+
+
+def test_cli_progress_is_one_live_line_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    line = cli.ProgressLine(screen)
+    line(0, 145, 0, 8 * 2**30, None)
+    line(3, 145, 2**30, 8 * 2**30, "torch-2.6.0-cp310-cp310-manylinux1_x86_64.whl")
+    line(145, 145, 8 * 2**30, 8 * 2**30, None)
+    line.end()
+    text = screen.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    frames = [frame.rstrip() for frame in text.rstrip("\n").split("\r") if frame]
+    assert frames[0].startswith("[  0/145] 0.0 MiB / 8.00 GiB   0%")
+    assert frames[-1].startswith("[145/145] 8.00 GiB / 8.00 GiB 100%")
 
 
 def test_cli_exit_codes_and_problem_lines(fake_index, tmp_path, capsys):

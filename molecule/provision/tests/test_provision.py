@@ -16,6 +16,7 @@ PLAN = "/var/lib/revive/plan.json"
 RECORD = "/var/lib/revive/releases.json"
 ENV_FILE = "/etc/vllm/vllm.env"
 API_KEY = "revive-lab-key"  # .config/molecule/config.yml (revive_api_key)
+UVM_UNIT = "revive-nvidia-uvm.service"
 
 
 def read_json(host, path: str) -> dict:
@@ -154,3 +155,48 @@ def test_the_record_has_release_a_current_and_the_last_failure(host, plan, recor
     assert failure["release"]["args"] == current["args"] and failure["release"]["id"] != current["id"]
     assert "automatic restart(s) within 3 s of its start" in failure["message"]
     assert "is serving again" in failure["message"]
+
+
+def shown(host, unit: str, *properties: str) -> dict:
+    args = " ".join(f"-p {name}" for name in properties)
+    return dict(line.split("=", 1) for line in host.check_output(f"systemctl show {args} {unit}").splitlines())
+
+
+def test_the_nvidia_uvm_loader_ran_before_each_replica(host, plan):
+    loader = shown(host, UVM_UNIT, "ActiveState", "SubState", "Result", "UnitFileState", "Type", "RemainAfterExit",
+                   "Before", "ActiveEnterTimestampMonotonic")
+    assert {key: loader[key] for key in ("ActiveState", "SubState", "Result", "UnitFileState", "Type",
+                                         "RemainAfterExit")} == {
+        "ActiveState": "active", "SubState": "exited", "Result": "success", "UnitFileState": "enabled",
+        "Type": "oneshot", "RemainAfterExit": "yes"}, journal(host, UVM_UNIT)
+    for replica in plan["replicas"]:
+        unit = f"{replica['name']}.service"
+        assert unit in loader["Before"].split()
+        replica_shown = shown(host, unit, "After", "Wants", "Requires", "ExecStartPre",
+                              "ExecMainStartTimestampMonotonic")
+        assert UVM_UNIT in replica_shown["After"].split() and UVM_UNIT in replica_shown["Wants"].split()
+        assert UVM_UNIT not in replica_shown["Requires"].split()
+        assert "revive-nvidia-uvm check --simulated /dev/nvidia-uvm" in replica_shown["ExecStartPre"]
+        # The loader's last run ended before vLLM of the replica's current run started.
+        assert int(loader["ActiveEnterTimestampMonotonic"]) < int(replica_shown["ExecMainStartTimestampMonotonic"])
+
+
+def test_the_simulated_nvidia_uvm_node_is_a_stand_in_and_says_so(host):
+    # Major 60 (local/experimental use): the lab has no NVIDIA driver, the loader loaded nothing.
+    assert host.check_output("stat -c '%F %t:%T %a %U' /dev/nvidia-uvm") == "character special file 3c:0 666 root"
+    assert host.check_output("stat -c '%F %t:%T' /dev/nvidia-uvm-tools") == "character special file 3c:1"
+    loader_journal = journal(host, UVM_UNIT)
+    assert "simulated GPUs (no NVIDIA driver on this node): no kernel module loaded" in loader_journal
+    assert "revive-nvidia-uvm: /dev/nvidia-uvm is ready (simulated)" in loader_journal
+    assert "(simulated GPUs: stand-in nodes)" in host.check_output(f"systemctl show -p Description --value {UVM_UNIT}")
+
+
+def test_a_replica_refused_to_start_without_the_node_and_said_why(host):
+    # side_effect.yml removed the node and restarted vllm-1 before the releases.
+    assert ("revive-nvidia-uvm: /dev/nvidia-uvm is missing: the nvidia-uvm kernel module is not loaded; see "
+            "revive-nvidia-uvm.service") in host.check_output("journalctl -u vllm-1.service --no-pager -o cat")
+
+
+def test_the_loader_unit_verifies_clean(host):
+    result = host.run(f"systemd-analyze verify /etc/systemd/system/{UVM_UNIT}")
+    assert (result.rc, result.stdout + result.stderr) == (0, "")

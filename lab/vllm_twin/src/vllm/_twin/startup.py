@@ -26,20 +26,14 @@ from vllm._revive import module_utils
 from vllm._twin import gpus as gpu_mod
 from vllm._twin import perf, vlog
 from vllm._twin.engine import EngineConfig
+from vllm._twin.release import current, pick
 from vllm._twin.settings import Settings
 
 GiB = 1 << 30
 MiB = 1 << 20
 
-# v0.5.4 get_min_capability() x 10 per method (reference §7.3, column v0.5.4).
-QUANTIZATION_MIN_CAPABILITY = {
-    "gptq": 60, "awq": 75, "gptq_marlin": 80, "awq_marlin": 80, "marlin": 80, "gptq_marlin_24": 80, "fp8": 80,
-    "fbgemm_fp8": 80, "qqq": 80, "bitsandbytes": 70, "squeezellm": 70, "compressed-tensors": 70, "aqlm": 60,
-    "deepspeedfp": 60,
-}
 OPTIMIZED_QUANTIZATION = ("fp8", "marlin", "gptq_marlin_24", "gptq_marlin", "awq_marlin", "fbgemm_fp8",
                           "compressed_tensors", "compressed-tensors")
-PAGED_ATTENTION_HEAD_SIZES = [64, 80, 96, 112, 120, 128, 192, 256]  # paged_attn.py:36-37 (§1.3)
 # config.py:32 _PP_SUPPORTED_MODELS in 0.5.4
 PP_SUPPORTED_ARCHITECTURES = ["AquilaModel", "AquilaForCausalLM", "DeepseekV2ForCausalLM", "InternLMForCausalLM",
                               "LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
@@ -51,6 +45,8 @@ TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float
 ARG_DTYPES = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32",
               "bfloat16": "bfloat16"}
 KV_SIZING_DTYPE = {"float16": "half", "bfloat16": "bfloat16", "float32": "float32"}
+V085_DEFAULT_BATCHED_TOKENS = 2048  # v0.8.5.post1:vllm/config.py:68 _DEFAULT_MAX_NUM_BATCHED_TOKENS
+PG_WAIT_TIMEOUT_SECONDS = 1800      # v0.8.5.post1:vllm/executor/ray_utils.py:24
 
 
 class StartupFailure(Exception):
@@ -105,9 +101,17 @@ def _mem(value: int) -> str:
 
 
 def inspect_model_dir(model: str) -> Dict[str, Any]:
-    """Model facts (module_utils/revive_model.py). The API process reads the config first in 0.5.4
-    (model_is_embedding), so a path that does not exist fails there, as transformers words it."""
+    """Model facts (module_utils/revive_model.py). The API process reads the config first (0.5.4:
+    model_is_embedding; 0.8.5.post1: create_model_config), so a path that does not exist fails there, as
+    transformers (0.5.4) or vLLM's get_config (0.8.5.post1) words it."""
     revive_model = module_utils("revive_model")
+    if not current().legacy and not os.path.isfile(os.path.join(model, "config.json")):
+        # get_config (v0.8.5.post1:vllm/transformers_utils/config.py:273-300), in create_model_config
+        raise StartupFailure(
+            "ValueError", f"Invalid repository ID or local directory specified: '{model}'.\nPlease verify the "
+            "following requirements:\n1. Provide a valid Hugging Face repository ID.\n2. Specify a local directory "
+            "that contains a recognized configuration file.\n   - For Hugging Face models: ensure the presence of a "
+            "'config.json'.\n   - For Mistral models: ensure the presence of a 'params.json'.\n", in_engine=False)
     if not os.path.exists(model):
         raise StartupFailure(
             "OSError", f"Incorrect path_or_model_id: '{model}'. Please provide either the path to a local folder "
@@ -125,17 +129,22 @@ def resolve_dtype(facts: Dict[str, Any], requested: str) -> str:
     requested = requested.lower()
     if requested == "auto":
         if config_dtype == "float32":
-            return "bfloat16" if facts.get("model_type") == "gemma2" else "float16"
+            # 0.5.4 keeps Gemma-2 in bfloat16; 0.8.5.post1 takes float16 for every float32 checkpoint
+            # (v0.8.5.post1:vllm/config.py:2903-2906)
+            return "bfloat16" if facts.get("model_type") == "gemma2" and current().legacy else "float16"
         chosen = config_dtype
     else:
         chosen = ARG_DTYPES[requested]
     if chosen != config_dtype:
         if chosen == "float32":
-            vlog.info("config.py:1446", f"Upcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+            vlog.info(pick("config.py:1446", "config.py:2964"),
+                      f"Upcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
         elif config_dtype == "float32":
-            vlog.info("config.py:1450", f"Downcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+            vlog.info(pick("config.py:1450", "config.py:2968"),
+                      f"Downcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
         else:
-            vlog.warning("config.py:1454", f"Casting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
+            vlog.warning(pick("config.py:1454", "config.py:2972"),
+                         f"Casting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
     return chosen
 
 
@@ -153,7 +162,8 @@ def resolve_max_model_len(facts: Dict[str, Any], requested: Optional[int], envir
     if derived is None:
         if requested is not None:
             return requested
-        vlog.warning("config.py:1507", "The model's config.json does not contain any of the following keys to "
+        vlog.warning(pick("config.py:1507", "config.py:3041"), "The model's config.json does not contain any of the "
+                     "following keys to "
                      f"determine the original maximum length of the model: {MAX_LEN_KEYS}. Assuming the model's "
                      "maximum length is 2048.")
         derived = 2048
@@ -168,7 +178,8 @@ def resolve_max_model_len(facts: Dict[str, Any], requested: Optional[int], envir
                f"({key}={derived_text} or model_max_length={model_max_length} in model's config.json). This may "
                "lead to incorrect model outputs or CUDA errors.")
         if environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
-            vlog.warning("config.py:1567", f"{msg} Make sure the value is correct and within the model context size.")
+            vlog.warning(pick("config.py:1567", "config.py:3102"),
+                         f"{msg} Make sure the value is correct and within the model context size.")
         else:
             raise StartupFailure("ValueError", f"{msg} To allow overriding this maximum, set the env var "
                                  "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
@@ -189,93 +200,271 @@ def resolve_quantization(facts: Dict[str, Any], requested: Optional[str]) -> Opt
                 "ValueError", f"Quantization method specified in the model config ({method}) does not match the "
                 f"quantization method specified in the `quantization` argument ({requested}).")
     if requested is not None:
-        if requested not in QUANTIZATION_MIN_CAPABILITY:
+        # the release's methods and their minimum capability (vllm/_twin/release.py quantization_min_cc)
+        methods = current().behaviour.quantization_min_cc
+        if requested not in methods:
             raise StartupFailure("ValueError", f"Unknown quantization method: {requested}. Must be one of "
-                                 f"{list(QUANTIZATION_MIN_CAPABILITY)}.")
+                                 f"{list(methods)}.")
         if requested not in OPTIMIZED_QUANTIZATION:
-            vlog.warning("config.py:254", f"{requested} quantization is not fully optimized yet. The speed can be "
-                         "slower than non-quantized models.")
+            vlog.warning(pick("config.py:254", "config.py:830"),
+                         f"{requested} quantization is not fully optimized yet. The speed can be slower than "
+                         "non-quantized models.")
     return requested
 
 
 def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings: Settings,
-                 wait: Callable[[float], None], worker_prefixes: Callable[[int], List[str]]) -> EngineSetup:
-    """Everything between 0.5.4's `AsyncLLMEngine.from_engine_args` and a ready engine."""
+                 wait: Callable[[float], None], worker_prefixes: Callable[[int], List[str]],
+                 engine_started: Optional[Callable[[], None]] = None) -> EngineSetup:
+    """Everything between the engine's creation and a ready engine.
+
+    0.5.4 runs all of it in the engine (its RPC process in the default mode). 0.8.5.post1 builds the
+    configuration in the API process (`create_engine_config`, v0.8.5.post1:vllm/entrypoints/openai/
+    api_server.py:164-166) and starts the engine process afterwards (:228-246): `engine_started` is called
+    at that point, and a failure before it is the API process's own (`in_engine` False).
+    """
+    release = current()
+    try:
+        config = _configure(args, facts, environ)
+    except StartupFailure as failure:
+        failure.in_engine = release.legacy
+        raise
+    if engine_started is not None:
+        engine_started()
+    return _start_engine(args, facts, environ, settings, wait, worker_prefixes, config)
+
+
+@dataclass
+class _Config:
+    """What create_engine_config decided (the engine process's input)."""
+
+    served: List[str]
+    dtype: str
+    max_model_len: int
+    quantization: Optional[str]
+    visible: List[gpu_mod.Gpu]
+    pynvml: Any
+    world: int
+    backend: Optional[str]
+    chunked: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
+    """create_engine_config: ModelConfig, the V0/V1 choice, CacheConfig, ParallelConfig, SchedulerConfig,
+    then the checks across them (heads divisible by TP, swap space, quantization capability)."""
+    release = current()
     revive_kv = module_utils("revive_kv")
     served = list(args.served_model_name) if args.served_model_name else [args.model]
-
-    # --- create_engine_config -------------------------------------------------------------------
+    visible: List[gpu_mod.Gpu] = []
+    pynvml: Any = None
+    if not release.legacy:
+        # DeviceConfig comes first in 0.8.5.post1 (arg_utils.py:1098, config.py:2117-2122)
+        visible, pynvml = discover_gpus(environ)
     dtype = resolve_dtype(facts, args.dtype)
+    if not release.legacy:
+        vlog.info("config.py:717", "This model supports multiple tasks: {'reward', 'embed', 'classify', "
+                  "'generate', 'score'}. Defaulting to 'generate'.")
     max_model_len = resolve_max_model_len(facts, args.max_model_len, environ)
     quantization = resolve_quantization(facts, args.quantization)
+    max_num_seqs = args.max_num_seqs
+    chunked = args.enable_chunked_prefill
+    if not release.legacy:
+        engine_choice(args, visible, environ)
+        # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563)
+        if chunked is None and max_model_len > 32768 and not facts.get("sliding_window"):
+            chunked = True
+            vlog.warning("arg_utils.py:1525", "Chunked prefill is enabled by default for models with max_model_len "
+                         "> 32K. Chunked prefill might not work with some features or models. If you encounter any "
+                         "issues, please disable by launching with --enable-chunked-prefill=False.")
+        chunked = bool(chunked)
+        if not chunked and max_model_len > 32768:
+            vlog.warning("arg_utils.py:1536", f"The model has a long context length ({max_model_len}). This may "
+                         "causeOOM during the initial memory profiling phase, or result in low performance due to "
+                         "small KV cache size. Consider setting --max-model-len to a smaller value.")
+        if max_num_seqs is None:
+            max_num_seqs = 256  # V0's default (arg_utils.py:1561-1563)
     if args.gpu_memory_utilization > 1.0:
         raise StartupFailure("ValueError", "GPU memory utilization must be less than 1.0. Got "
                              f"{args.gpu_memory_utilization}.")
-    try:
-        visible, pynvml = gpu_mod.discover(environ)
-    except gpu_mod.NoGpuError as exc:
-        raise StartupFailure("RuntimeError", str(exc)) from None
+    if release.legacy:
+        visible, pynvml = discover_gpus(environ)
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     backend = args.distributed_executor_backend
     if backend is None and world > 1:
         backend = "mp"
         if len(visible) < world:
-            backend = "ray"
-        vlog.info("config.py:729", f"Defaulting to use {backend} for distributed inference")
-    if backend == "ray" and world > len(visible):
+            backend = "ray"  # a real install has ray (0.5.4 brings it; 0.8.5.post1: Requires-Dist ray[cgraph])
+        vlog.info(pick("config.py:729", "config.py:1770"), f"Defaulting to use {backend} for distributed inference")
+    if release.legacy and backend == "ray" and world > len(visible):
         vlog.info("worker.py:1740", "Started a local Ray instance.")
         raise StartupFailure("ValueError", "The number of required GPUs exceeds the total number of available "
                              "GPUs in the placement group.")
-    chunked = args.enable_chunked_prefill
     if chunked is None:
         chunked = revive_kv.chunked_prefill_enabled(max_model_len, "v0-mem-get-info")
     max_num_batched_tokens = args.max_num_batched_tokens
     if max_num_batched_tokens is None:
-        max_num_batched_tokens = revive_kv.default_max_num_batched_tokens(max_model_len, "v0-mem-get-info", chunked)
+        if release.legacy:
+            max_num_batched_tokens = revive_kv.default_max_num_batched_tokens(max_model_len, "v0-mem-get-info",
+                                                                              chunked)
+        else:
+            # SchedulerConfig.__post_init__ (v0.8.5.post1:vllm/config.py:68, 1967-1984): 2048 with chunked prefill
+            max_num_batched_tokens = V085_DEFAULT_BATCHED_TOKENS if chunked else max(max_model_len,
+                                                                                     V085_DEFAULT_BATCHED_TOKENS)
     if chunked:
-        vlog.info("config.py:820", f"Chunked prefill is enabled with max_num_batched_tokens={max_num_batched_tokens}.")
+        vlog.info(pick("config.py:820", "config.py:2003"),
+                  f"Chunked prefill is enabled with max_num_batched_tokens={max_num_batched_tokens}.")
     if max_num_batched_tokens < max_model_len and not chunked:
         raise StartupFailure(
             "ValueError", f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
             f"({max_model_len}). This effectively limits the maximum sequence length to max_num_batched_tokens "
             "and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
             "max_model_len.")
-    if max_num_batched_tokens < args.max_num_seqs:
+    if max_num_batched_tokens < max_num_seqs:
         raise StartupFailure("ValueError", f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater "
-                             f"than or equal to max_num_seqs ({args.max_num_seqs}).")
+                             f"than or equal to max_num_seqs ({max_num_seqs}).")
     heads = int(facts["num_attention_heads"])
     if heads % args.tensor_parallel_size != 0:
         raise StartupFailure("ValueError", f"Total number of attention heads ({heads}) must be divisible by "
                              f"tensor parallel size ({args.tensor_parallel_size}).")
     if args.pipeline_parallel_size > 1 and facts.get("architecture") not in PP_SUPPORTED_ARCHITECTURES:
-        raise StartupFailure("NotImplementedError", "Pipeline parallelism is only supported for the following  "
-                             f"architectures: {PP_SUPPORTED_ARCHITECTURES}.")
+        raise StartupFailure("NotImplementedError", pick(
+            "Pipeline parallelism is only supported for the following  "
+            f"architectures: {PP_SUPPORTED_ARCHITECTURES}.",
+            "Pipeline parallelism is not supported for this model. Supported models implement the `SupportsPP` "
+            "interface."))
     ram, ram_source = gpu_mod.host_ram_bytes(environ)
     level, message = revive_kv.swap_space_check(args.swap_space, args.tensor_parallel_size, ram)
     if level == "error":
         raise StartupFailure("ValueError", message)
     if level == "warn":
-        vlog.warning("config.py:521", message)
+        vlog.warning(pick("config.py:521", "config.py:1443"), message)
     vlog.sim(f"host RAM for the swap-space check: {ram / GiB:.0f} GiB ({ram_source})")
+    if not release.legacy and visible:
+        # VllmConfig._get_quantization_config runs in the API process here (v0.8.5.post1:vllm/config.py:3791-3809)
+        check_quantization_capability(quantization, visible[0])
+    return _Config(served=served, dtype=dtype, max_model_len=max_model_len, quantization=quantization,
+                   visible=visible, pynvml=pynvml, world=world, backend=backend, chunked=bool(chunked),
+                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
 
+
+def discover_gpus(environ: Dict[str, str]):
+    try:
+        return gpu_mod.discover(environ)
+    except gpu_mod.NoGpuError as exc:
+        raise StartupFailure("RuntimeError", pick(
+            str(exc), "Failed to infer device type, please set the environment variable `VLLM_LOGGING_LEVEL=DEBUG` "
+            "to turn on verbose logging to help debug the issue.")) from None
+
+
+def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> str:
+    """0.8.5.post1's V0/V1 choice (v0.8.5.post1:vllm/engine/arg_utils.py:1106-1116): VLLM_USE_V1 unset tries V1
+    and falls back to V0 on the first unsupported feature with a warning; VLLM_USE_V1=1 raises
+    NotImplementedError there instead (_raise_or_fallback, :1649-1658); VLLM_USE_V1=0 takes V0 silently.
+
+    The twin checks the oracle's features in its order (:1292-1499) as far as the twin's arguments reach;
+    a configuration that would run V1 is refused, since the twin simulates the V0 engine only.
+    """
+    raw = environ.get("VLLM_USE_V1")
+    if raw is not None and raw.strip() == "":
+        raise StartupFailure("ValueError", "invalid literal for int() with base 10: ''", in_engine=False)
+    if raw is not None and int(raw) == 0:
+        return "V0"
+    explicit = raw is not None
+    reason = v1_unsupported_feature(args, visible, environ)
+    if reason is None:
+        raise StartupFailure("NotImplementedError", "[twin] this configuration runs vLLM 0.8.5.post1's V1 engine, "
+                             "which the twin does not simulate (it simulates V0, what GPUs of compute capability "
+                             "< 8.0 run); set VLLM_USE_V1=0 to simulate V0", in_engine=False)
+    feature, recommend = reason
+    if explicit:
+        raise StartupFailure("NotImplementedError", f"VLLM_USE_V1=1 is not supported with {feature}.")
+    message = f"{feature} is not supported by the V1 Engine. Falling back to V0. "
+    if recommend:
+        message += f"We recommend to remove {feature} from your config in favor of the V1 Engine."
+    vlog.warning("arg_utils.py:1658", message)
+    return "V0"
+
+
+def v1_unsupported_feature(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]):
+    """(feature_name, recommend_to_remove) of the oracle's first V1-unsupported feature, or None."""
+    if args.load_format in ("tensorizer", "sharded_state"):
+        return f"--load_format {args.load_format}", False
+    if getattr(args, "preemption_mode", None) is not None:
+        return "--preemption-mode", True
+    if getattr(args, "scheduler_delay_factor", 0.0) != 0.0:
+        return "--scheduler-delay-factor", True
+    if visible and visible[0].compute_capability[0] < 8:
+        return "Compute Capability < 8.0", False
+    if args.kv_cache_dtype != "auto":
+        return "--kv-cache-dtype", False
+    if getattr(args, "enable_prompt_adapter", False):
+        return "--enable-prompt-adapter", False
+    return None
+
+
+def check_quantization_capability(quantization: Optional[str], gpu: gpu_mod.Gpu) -> None:
+    table = current().behaviour.quantization_min_cc
+    capability = gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
+    if quantization and capability < table[quantization]:
+        raise StartupFailure(
+            "ValueError", f"The quantization method {quantization} is not supported for the current GPU. Minimum "
+            f"capability: {table[quantization]}. Current capability: {capability}.")
+
+
+def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings: Settings,
+                  wait: Callable[[float], None], worker_prefixes: Callable[[int], List[str]],
+                  config: _Config) -> EngineSetup:
+    """The engine: executor and workers, model load, KV sizing, CUDA graphs."""
+    release = current()
+    behaviour = release.behaviour
+    revive_kv = module_utils("revive_kv")
+    served, dtype, max_model_len, quantization = config.served, config.dtype, config.max_model_len, config.quantization
+    visible, pynvml, world = config.visible, config.pynvml, config.world
+    max_num_batched_tokens, chunked, max_num_seqs = config.max_num_batched_tokens, config.chunked, config.max_num_seqs
     kv_dtype = dtype if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
-    vlog.info("llm_engine.py:174", (
-        f"Initializing an LLM engine (v{_version()}) with config: model={args.model!r}, speculative_config=None, "
-        f"tokenizer={(args.tokenizer or args.model)!r}, skip_tokenizer_init={args.skip_tokenizer_init}, "
-        f"tokenizer_mode={args.tokenizer_mode}, revision={args.revision}, rope_scaling={args.rope_scaling!r}, "
-        f"rope_theta={args.rope_theta!r}, tokenizer_revision={args.tokenizer_revision}, "
-        f"trust_remote_code={args.trust_remote_code}, dtype={TORCH_DTYPES[dtype]}, max_seq_len={max_model_len}, "
-        f"download_dir={args.download_dir!r}, load_format=LoadFormat.{args.load_format.upper()}, "
-        f"tensor_parallel_size={args.tensor_parallel_size}, pipeline_parallel_size={args.pipeline_parallel_size}, "
-        f"disable_custom_all_reduce={args.disable_custom_all_reduce}, quantization={quantization}, "
-        f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype}, "
-        f"quantization_param_path={args.quantization_param_path}, device_config=cuda, "
-        "decoding_config=DecodingConfig(guided_decoding_backend='outlines'), "
-        "observability_config=ObservabilityConfig(otlp_traces_endpoint=None), "
-        f"seed={args.seed}, served_model_name={served[0]}, use_v2_block_manager={args.use_v2_block_manager}, "
-        f"enable_prefix_caching={args.enable_prefix_caching})"))
+    if release.legacy:
+        vlog.info("llm_engine.py:174", (
+            f"Initializing an LLM engine (v{_version()}) with config: model={args.model!r}, speculative_config=None, "
+            f"tokenizer={(args.tokenizer or args.model)!r}, skip_tokenizer_init={args.skip_tokenizer_init}, "
+            f"tokenizer_mode={args.tokenizer_mode}, revision={args.revision}, rope_scaling={args.rope_scaling!r}, "
+            f"rope_theta={args.rope_theta!r}, tokenizer_revision={args.tokenizer_revision}, "
+            f"trust_remote_code={args.trust_remote_code}, dtype={TORCH_DTYPES[dtype]}, max_seq_len={max_model_len}, "
+            f"download_dir={args.download_dir!r}, load_format=LoadFormat.{args.load_format.upper()}, "
+            f"tensor_parallel_size={args.tensor_parallel_size}, pipeline_parallel_size={args.pipeline_parallel_size}, "
+            f"disable_custom_all_reduce={args.disable_custom_all_reduce}, quantization={quantization}, "
+            f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype}, "
+            f"quantization_param_path={args.quantization_param_path}, device_config=cuda, "
+            "decoding_config=DecodingConfig(guided_decoding_backend='outlines'), "
+            "observability_config=ObservabilityConfig(otlp_traces_endpoint=None), "
+            f"seed={args.seed}, served_model_name={served[0]}, use_v2_block_manager={args.use_v2_block_manager}, "
+            f"enable_prefix_caching={args.enable_prefix_caching})"))
+    else:
+        # llm_engine.py:240-246 with VllmConfig.__str__ (config.py:4052-4085); the twin abbreviates
+        # compilation_config to the fields it knows.
+        vlog.info("llm_engine.py:240", (
+            f"Initializing a V0 LLM engine (v{_version()}) with config: model={args.model!r}, "
+            f"speculative_config=None, tokenizer={(args.tokenizer or args.model)!r}, "
+            f"skip_tokenizer_init={args.skip_tokenizer_init}, tokenizer_mode={args.tokenizer_mode}, "
+            f"revision={args.revision}, override_neuron_config=None, tokenizer_revision={args.tokenizer_revision}, "
+            f"trust_remote_code={args.trust_remote_code}, dtype={TORCH_DTYPES[dtype]}, max_seq_len={max_model_len}, "
+            f"download_dir={args.download_dir!r}, load_format={args.load_format}, "
+            f"tensor_parallel_size={args.tensor_parallel_size}, pipeline_parallel_size={args.pipeline_parallel_size}, "
+            f"disable_custom_all_reduce={args.disable_custom_all_reduce}, quantization={quantization}, "
+            f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype},  device_config=cuda, "
+            f"decoding_config=DecodingConfig(guided_decoding_backend='{args.guided_decoding_backend}', "
+            "reasoning_backend=None), observability_config=ObservabilityConfig(show_hidden_metrics=False, "
+            "otlp_traces_endpoint=None, collect_model_forward_time=False, collect_model_execute_time=False), "
+            f"seed={args.seed}, served_model_name={served[0]}, num_scheduler_steps=1, "
+            f"multi_step_stream_outputs=True, enable_prefix_caching={bool(args.enable_prefix_caching)}, "
+            f"chunked_prefill_enabled={chunked}, use_async_output_proc={not args.enforce_eager}, "
+            "disable_mm_preprocessor_cache=False, mm_processor_kwargs=None, pooler_config=None, "
+            f"compilation_config={{\"level\":0,\"max_capture_size\":{0 if args.enforce_eager else max_num_seqs}}}, "
+            "use_cached_outputs=True, "))
 
     # --- executor and workers ---------------------------------------------------------------------
+    if not release.legacy and config.backend == "ray" and world > len(visible):
+        wait_for_placement_group(world, wait)
     group = visible[:world]
     topo = gpu_mod.topology(pynvml, group)
     prefixes = worker_prefixes(world)
@@ -283,48 +472,55 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
     if world > 1 and not args.disable_custom_all_reduce:
         for prefix in [""] + prefixes:
             if world not in (2, 4, 6, 8):
-                vlog.warning("custom_all_reduce.py:81", "Custom allreduce is disabled due to an unsupported world "
-                             f"size: {world}. Supported world sizes: [2, 4, 6, 8]. To silence this warning, "
-                             "specify disable_custom_all_reduce=True explicitly.", prefix)
+                vlog.warning(pick("custom_all_reduce.py:81", "custom_all_reduce.py:97"), "Custom allreduce is "
+                             f"disabled due to an unsupported world size: {world}. Supported world sizes: "
+                             "[2, 4, 6, 8]. To silence this warning, specify disable_custom_all_reduce=True "
+                             "explicitly.", prefix)
             elif world > 2 and not topo.all_nvlink:
-                vlog.warning("custom_all_reduce.py:118", "Custom allreduce is disabled because it's not supported "
-                             "on more than two PCIe-only GPUs. To silence this warning, specify "
-                             "disable_custom_all_reduce=True explicitly.", prefix)
+                vlog.warning(pick("custom_all_reduce.py:118", "custom_all_reduce.py:136"), "Custom allreduce is "
+                             "disabled because it's not supported on more than two PCIe-only GPUs. To silence this "
+                             "warning, specify disable_custom_all_reduce=True explicitly.", prefix)
             elif not topo.all_p2p and not topo.all_nvlink:
-                vlog.warning("custom_all_reduce.py:127", "Custom allreduce is disabled because your platform lacks "
-                             "GPU P2P capability or P2P test failed. To silence this warning, specify "
-                             "disable_custom_all_reduce=True explicitly.", prefix)
+                vlog.warning(pick("custom_all_reduce.py:127", "custom_all_reduce.py:146"), "Custom allreduce is "
+                             "disabled because your platform lacks GPU P2P capability or P2P test failed. To silence "
+                             "this warning, specify disable_custom_all_reduce=True explicitly.", prefix)
     for rank, gpu in enumerate(group):
         prefix = "" if rank == 0 else prefixes[rank - 1]
         if gpu.compute_capability[0] < 8:
-            vlog.info("selector.py:151", "Cannot use FlashAttention-2 backend for Volta and Turing GPUs.", prefix)
-        vlog.info("selector.py:54", "Using XFormers backend." if gpu.compute_capability[0] < 8
-                  else "Using FlashAttention-2 backend.", prefix)
-    for gpu in group:  # Worker.init_device -> _check_if_gpu_supports_dtype (worker.py:352)
+            vlog.info(pick("selector.py:151", "cuda.py:240"), "Cannot use FlashAttention-2 backend for Volta and "
+                      "Turing GPUs.", prefix)
+        vlog.info(pick("selector.py:54", "cuda.py:289" if gpu.compute_capability[0] < 8 else "cuda.py:292"),
+                  "Using XFormers backend." if gpu.compute_capability[0] < 8
+                  else pick("Using FlashAttention-2 backend.", "Using Flash Attention backend."), prefix)
+    for gpu in group:  # Worker.init_device -> _check_if_gpu_supports_dtype (0.5.4 worker.py:352, 0.8.5 worker.py:533)
         if dtype == "bfloat16" and gpu.compute_capability[0] < 8:
             major, minor = gpu.compute_capability
             raise StartupFailure(
                 "ValueError", "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
                 f"Your {gpu.name} GPU has compute capability {major}.{minor}. You can use float16 instead by "
-                "explicitly setting the`dtype` flag in CLI, for example: --dtype=half.")
+                + pick("explicitly setting the`dtype` flag in CLI, for example: --dtype=half.",
+                       "explicitly setting the `dtype` flag in CLI, for example: --dtype=half."))
 
     # --- load_model ---------------------------------------------------------------------------
-    capability = group[0].compute_capability[0] * 10 + group[0].compute_capability[1]
-    if quantization and capability < QUANTIZATION_MIN_CAPABILITY[quantization]:
-        raise StartupFailure(
-            "ValueError", f"The quantization method {quantization} is not supported for the current GPU. Minimum "
-            f"capability: {QUANTIZATION_MIN_CAPABILITY[quantization]}. Current capability: {capability}.")
+    if release.legacy:
+        check_quantization_capability(quantization, group[0])
     if facts.get("attn_logit_softcapping") and group[0].compute_capability[0] < 8:
-        raise StartupFailure("ValueError", "XFormers does not support attention logits soft capping.")
+        if release.legacy:
+            raise StartupFailure("ValueError", "XFormers does not support attention logits soft capping.")
+        for prefix in [""] + prefixes:  # xformers.py:398, a warning from 0.6 on
+            vlog.warning("xformers.py:398", "XFormers does not support logits soft cap. Outputs may be slightly "
+                         "off.", prefix)
     head_size = int(facts["head_dim"])
-    if group[0].compute_capability[0] < 8 and head_size not in PAGED_ATTENTION_HEAD_SIZES:
+    supported = list(behaviour.paged_attention_head_sizes)
+    if group[0].compute_capability[0] < 8 and head_size not in supported:
         raise StartupFailure("ValueError", f"Head size {head_size} is not supported by PagedAttention. Supported "
-                             f"head sizes are: {PAGED_ATTENTION_HEAD_SIZES}.")
+                             f"head sizes are: {supported}.")
     context = revive_kv.CUDA_CONTEXT_BYTES
     weights = revive_kv.weights_per_gpu_bytes(facts, world, KV_SIZING_DTYPE[dtype])
     load_time = perf.load_seconds(int(facts["weight_bytes"]))
     for prefix in [""] + prefixes:
-        vlog.info("model_runner.py:720", f"Starting to load model {args.model}...", prefix)
+        vlog.info(pick("model_runner.py:720", "model_runner.py:1108"), f"Starting to load model {args.model}...",
+                  prefix)
     for rank, gpu in enumerate(group):
         free = gpu.cuda_total_bytes - gpu.used_bytes - context
         if weights > free:
@@ -335,49 +531,78 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
                 context + allocated, allocated))
     wait(load_time)
     for prefix in [""] + prefixes:
-        vlog.info("model_runner.py:732", f"Loading model weights took {weights / GiB:.4f} GB", prefix)
+        if release.legacy:
+            vlog.info("model_runner.py:732", f"Loading model weights took {weights / GiB:.4f} GB", prefix)
+        else:
+            scaled = load_time * settings.time_scale
+            vlog.info("loader.py:458", f"Loading weights took {scaled:.2f} seconds", prefix)
+            vlog.info("model_runner.py:1140", f"Model loading took {weights / GiB:.4f} GiB and {scaled:.6f} "
+                      "seconds", prefix)
     if settings.fail_after_load:
         raise StartupFailure("RuntimeError", f"[twin fault VLLM_SIM_FAULT_FAIL_AFTER_LOAD] {settings.fail_after_load}")
 
     # --- determine_num_available_blocks (revive_kv: the planner's code) -----------------------------
     wait(perf.PROFILE_RUN_SECONDS)
+    total = min(g.cuda_total_bytes for g in group)
     kv = revive_kv.kv_cache_plan(
-        facts, args.tensor_parallel_size, min(g.cuda_total_bytes for g in group), args.gpu_memory_utilization,
-        args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=max_model_len, block_size=args.block_size, dtype=KV_SIZING_DTYPE[dtype], release="0.5.4",
-        enable_chunked_prefill=chunked, kv_cache_dtype=args.kv_cache_dtype,
-        pipeline_parallel_size=args.pipeline_parallel_size)
+        facts, args.tensor_parallel_size, total, args.gpu_memory_utilization,
+        args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, block_size=args.block_size or 16, dtype=KV_SIZING_DTYPE[dtype],
+        release=release.release, sizing=behaviour.kv_sizing, enable_chunked_prefill=chunked,
+        kv_cache_dtype=args.kv_cache_dtype, pipeline_parallel_size=args.pipeline_parallel_size)
+    block_size = kv.block_size
+    if not release.legacy:
+        for prefix in [""] + prefixes:
+            vlog.info("worker.py:287", memory_profiling_message(kv, total, args.gpu_memory_utilization,
+                                                                perf.PROFILE_RUN_SECONDS * settings.time_scale),
+                      prefix)
     num_gpu_blocks = kv.num_gpu_blocks
     errors = list(kv.errors)
     if args.num_gpu_blocks_override is not None:
-        vlog.info("llm_engine.py:361", f"Overriding num_gpu_blocks={num_gpu_blocks} with "
+        vlog.info(pick("llm_engine.py:361", "llm_engine.py:426"), f"Overriding num_gpu_blocks={num_gpu_blocks} with "
                   f"num_gpu_blocks_override={args.num_gpu_blocks_override}")
         num_gpu_blocks = args.num_gpu_blocks_override
-        # raise_if_cache_size_invalid (worker.py:366) on the overridden count
+        # raise_if_cache_size_invalid (0.5.4 worker.py:366, 0.8.5 worker.py:553) on the overridden count
         errors = []
         if num_gpu_blocks <= 0:
             errors.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
                           "initializing the engine.")
-        elif max_model_len > args.block_size * num_gpu_blocks:
+        elif max_model_len > block_size * num_gpu_blocks:
             errors.append(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
-                          f"that can be stored in KV cache ({args.block_size * num_gpu_blocks}). Try increasing "
+                          f"that can be stored in KV cache ({block_size * num_gpu_blocks}). Try increasing "
                           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-    where = "distributed_gpu_executor.py:56" if world > 1 else "gpu_executor.py:102"
-    vlog.info(where, f"# GPU blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
+    if release.legacy:
+        where = "distributed_gpu_executor.py:56" if world > 1 else "gpu_executor.py:102"
+        vlog.info(where, f"# GPU blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
+    else:
+        # ExecutorBase.initialize_cache (v0.8.5.post1:vllm/executor/executor_base.py:112-117); `cuda` is the
+        # platform's device_name
+        vlog.info("executor_base.py:112", f"# cuda blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
+        vlog.info("executor_base.py:117", f"Maximum concurrency for {max_model_len} tokens per request: "
+                  f"{num_gpu_blocks * block_size / max_model_len:.2f}x")
     if errors:
         raise StartupFailure("ValueError", errors[0])
 
     # --- CUDA graphs, outside the budget (worker.py:236, model_runner.py:1010) -----------------------
     if not args.enforce_eager:
         for prefix in [""] + prefixes:
-            vlog.info("model_runner.py:1024", "Capturing the model for CUDA graphs. This may lead to unexpected "
-                      "consequences if the model is not static. To run the model in eager mode, set "
-                      "'enforce_eager=True' or use '--enforce-eager' in the CLI.", prefix)
-            vlog.info("model_runner.py:1028", "CUDA graphs can take additional 1~3 GiB memory per GPU. If you are "
-                      "running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode. "
-                      "You can also reduce the `max_num_seqs` as needed to decrease memory usage.", prefix)
-        needed = perf.graph_memory_bytes(args.max_num_seqs, int(facts["num_hidden_layers"]), int(facts["hidden_size"]))
-        capture_time = perf.graph_capture_seconds(args.max_num_seqs)
+            if release.legacy:
+                vlog.info("model_runner.py:1024", "Capturing the model for CUDA graphs. This may lead to unexpected "
+                          "consequences if the model is not static. To run the model in eager mode, set "
+                          "'enforce_eager=True' or use '--enforce-eager' in the CLI.", prefix)
+                vlog.info("model_runner.py:1028", "CUDA graphs can take additional 1~3 GiB memory per GPU. If you "
+                          "are running out of memory, consider decreasing `gpu_memory_utilization` or enforcing "
+                          "eager mode. You can also reduce the `max_num_seqs` as needed to decrease memory usage.",
+                          prefix)
+            else:
+                vlog.info("model_runner.py:1450", "Capturing cudagraphs for decoding. This may lead to unexpected "
+                          "consequences if the model is not static. To run the model in eager mode, set "
+                          "'enforce_eager=True' or use '--enforce-eager' in the CLI. If out-of-memory error occurs "
+                          "during cudagraph capture, consider decreasing `gpu_memory_utilization` or switching to "
+                          "eager mode. You can also reduce the `max_num_seqs` as needed to decrease memory usage.",
+                          prefix)
+        needed = perf.graph_memory_bytes(max_num_seqs, int(facts["num_hidden_layers"]), int(facts["hidden_size"]))
+        capture_time = perf.graph_capture_seconds(max_num_seqs)
         kv_bytes = num_gpu_blocks * kv.bytes_per_block
         for rank, gpu in enumerate(group):
             in_use = context + kv.weights_per_gpu + kv.non_torch + kv_bytes
@@ -389,8 +614,17 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
                     in_use + max(free, 0) - max(free, 0) // 3, in_use - context))
         wait(capture_time)
         for prefix in [""] + prefixes:
-            vlog.info("model_runner.py:1225", f"Graph capturing finished in {round(capture_time * settings.time_scale)} "
-                      "secs.", prefix)
+            if release.legacy:
+                vlog.info("model_runner.py:1225", f"Graph capturing finished in "
+                          f"{round(capture_time * settings.time_scale)} secs.", prefix)
+            else:
+                vlog.info("model_runner.py:1592", f"Graph capturing finished in "
+                          f"{capture_time * settings.time_scale:.0f} secs, took {needed / GiB:.2f} GiB", prefix)
+    if not release.legacy:
+        init_seconds = (perf.PROFILE_RUN_SECONDS + (0 if args.enforce_eager else perf.graph_capture_seconds(
+            max_num_seqs))) * settings.time_scale
+        vlog.info("llm_engine.py:437", f"init engine (profile, create kv cache, warmup model) took {init_seconds:.2f} "
+                  "seconds")
 
     transport = perf.choose_transport(
         world, topo.all_nvlink, topo.all_p2p, topo.slowest_path,
@@ -400,27 +634,76 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
     shape = perf.ModelShape(int(facts["parameter_count"]), int(facts["weight_bytes"]), int(facts["num_hidden_layers"]),
                             int(facts["hidden_size"]), kv_token_bytes)
     spec = perf.gpu_spec(group[0].name, group[0].architecture)
-    max_graph = 0 if args.enforce_eager else max(perf.graph_batch_sizes(args.max_num_seqs) or [0])
+    max_graph = 0 if args.enforce_eager else max(perf.graph_batch_sizes(max_num_seqs) or [0])
     model = perf.PerfModel(shape, spec, args.tensor_parallel_size, transport, args.enforce_eager, max_graph)
     vlog.sim(f"tensor-parallel transport: {transport.description}; GPUs (NVML index) "
              f"{[g.nvml_index for g in group]}, slowest path {topo.slowest_path}")
     engine_config = EngineConfig(
-        block_size=args.block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=kv.num_cpu_blocks,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=kv.num_cpu_blocks,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         chunked_prefill=bool(chunked), preemption_mode=args.preemption_mode, delay_factor=args.scheduler_delay_factor,
         seed=args.seed)
-    cache_info = {
-        "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-        "swap_space_bytes": args.swap_space * GiB, "num_gpu_blocks_override": args.num_gpu_blocks_override,
-        "cache_dtype": args.kv_cache_dtype, "sliding_window": facts.get("sliding_window"),
-        "enable_prefix_caching": args.enable_prefix_caching, "cpu_offload_gb": args.cpu_offload_gb,
-        "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": kv.num_cpu_blocks,
-    }
+    cache_info = cache_config_info(args, facts, block_size, num_gpu_blocks, kv.num_cpu_blocks)
     return EngineSetup(
         model_path=args.model, served_model_names=served, facts=facts, dtype=dtype, max_model_len=max_model_len,
         engine_config=engine_config, perf_model=model, group=group, transport=transport, kv=kv,
         cache_config_info=cache_info, block_bytes=kv.bytes_per_block, worker_count=world - 1,
         timings={"load_seconds": load_time})
+
+
+def memory_profiling_message(kv: Any, total: int, utilization: float, seconds: float) -> str:
+    """Worker.determine_num_available_blocks's summary (v0.8.5.post1:vllm/worker/worker.py:271-287), from
+    module_utils/revive_kv.py's per-instance estimate: weights, non-torch increase, activation peak."""
+    return (f"Memory profiling takes {seconds:.2f} seconds\n"
+            f"the current vLLM instance can use total_gpu_memory ({total / GiB:.2f}GiB) x gpu_memory_utilization "
+            f"({utilization:.2f}) = {total * utilization / GiB:.2f}GiB\n"
+            f"model weights take {kv.weights_per_gpu / GiB:.2f}GiB; "
+            f"non_torch_memory takes {kv.non_torch / GiB:.2f}GiB; "
+            f"PyTorch activation peak memory takes {kv.peak_activation / GiB:.2f}GiB; the rest of the memory reserved "
+            f"for KV Cache is {kv.kv_bytes / GiB:.2f}GiB.")
+
+
+def wait_for_placement_group(world: int, wait: Callable[[float], None]) -> None:
+    """More GPUs than visible with Ray on 0.8.5.post1: a warning, then the placement group that never comes
+    (v0.8.5.post1:vllm/executor/ray_utils.py:337-345 and _wait_until_pg_ready :211-248, PG_WAIT_TIMEOUT 1800 s
+    at :24), logged with ray.wait's doubling interval, then the ValueError."""
+    vlog.warning("ray_utils.py:342", "The number of required GPUs exceeds the total number of available GPUs in the "
+                 "placement group.")
+    specs = [{"GPU": 1.0} for _ in range(world)]
+    elapsed, interval = 0.0, 10.0
+    while elapsed < PG_WAIT_TIMEOUT_SECONDS:
+        wait(interval)
+        elapsed += interval
+        interval *= 2
+        vlog.info("ray_utils.py:232", f"Waiting for creating a placement group of specs for {int(elapsed)} seconds. "
+                  f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have enough resources, and "
+                  "make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment variable "
+                  "specified in each node if you are running on a multi-node.")
+    raise StartupFailure("ValueError", f"Cannot provide a placement group of placement_group_specs={specs} within "
+                         f"{PG_WAIT_TIMEOUT_SECONDS} seconds. See `ray status` and `ray list nodes` to make sure the "
+                         "cluster has enough resources.")
+
+
+def cache_config_info(args, facts: Dict[str, Any], block_size: int, num_gpu_blocks: int,
+                      num_cpu_blocks: int) -> Dict[str, object]:
+    """The labels of vllm:cache_config_info: CacheConfig.metrics_info(), i.e. its __dict__ as strings."""
+    if current().legacy:
+        return {
+            "block_size": block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+            "swap_space_bytes": args.swap_space * GiB, "num_gpu_blocks_override": args.num_gpu_blocks_override,
+            "cache_dtype": args.kv_cache_dtype, "sliding_window": facts.get("sliding_window"),
+            "enable_prefix_caching": args.enable_prefix_caching, "cpu_offload_gb": args.cpu_offload_gb,
+            "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks,
+        }
+    # v0.8.5.post1:vllm/config.py:1297-1386: the dataclass fields in order, then swap_space_bytes (__post_init__)
+    return {
+        "block_size": block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+        "swap_space": args.swap_space, "cache_dtype": args.kv_cache_dtype, "is_attention_free": False,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override, "sliding_window": facts.get("sliding_window"),
+        "enable_prefix_caching": args.enable_prefix_caching, "prefix_caching_hash_algo": "builtin",
+        "cpu_offload_gb": args.cpu_offload_gb, "calculate_kv_scales": False, "num_gpu_blocks": num_gpu_blocks,
+        "num_cpu_blocks": num_cpu_blocks, "swap_space_bytes": args.swap_space * GiB,
+    }
 
 
 def _version() -> str:
