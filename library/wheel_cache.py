@@ -20,8 +20,9 @@ description:
     the lock before the file is renamed into place; a mismatch deletes the part file and fails naming the URL and
     both hashes.
   - Writes nothing else into O(dest) but C(<dest>/.progress.json) (files and bytes done and in total, the current
-    file, the state), rewritten atomically about once a second, so a playbook can follow a long download
-    (C(async) with C(poll=0), then C(ansible.builtin.slurp) the file).
+    file, the state - V(running), V(done) or V(failed) with C(msg)), rewritten atomically about once a second
+    while it downloads, so a playbook can follow a long download (C(async) with C(poll=0), then
+    C(ansible.builtin.slurp) the file). A run with nothing to download writes nothing at all.
   - Fails before downloading when O(dest)'s file system has less room than the known sizes need.
 version_added: "0.1.0"
 author:
@@ -214,7 +215,7 @@ def main() -> None:
             progress.finish("failed", str(error))
         module.fail_json(msg=str(error), dest=params["dest"])
     if not module.check_mode:
-        progress.finish("done")
+        progress.finish("done", result=result)
     module.exit_json(progress_file=progress.path, **result.as_dict())
 
 

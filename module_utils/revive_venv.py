@@ -26,6 +26,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ansible.module_utils import revive_lockfile as lockfile
 from ansible.module_utils.revive_files import write_json_atomic
 
 MARKER = ".revive-venv.json"
@@ -153,38 +154,13 @@ def parse_pins(texts: List[str]) -> List[Pin]:
 
 
 def parse_lock(text: str, where: str) -> List[Pin]:
-    """The pins of a hash lock (pip requirements format); every requirement must carry a --hash."""
-    missing = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# missing:")]
-    if missing:
-        raise VenvError(f"lock {where} is incomplete: it needs {'; '.join(missing)}, which it could not hash "
-                        "(the index does not serve it). Supply the file through your mirror or wheelhouse and "
-                        "regenerate the lock with `bin/revive lock VERSION --supply DIR`")
-    logical: List[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    if pending:
-        logical.append(pending)
-    pins = []
-    for number, line in enumerate(logical, 1):
-        words = line.split()
-        if not words or words[0].startswith("-"):
-            continue
-        if not any(word.startswith("--hash=") for word in words[1:]):
-            raise VenvError(f"lock {where}: requirement {words[0]!r} has no --hash=sha256:...; pip's hash-checking "
-                            "mode needs one for every requirement (`pip hash FILE` prints it)")
-        try:
-            pins.append(parse_pin(words[0]))
-        except VenvError as error:
-            raise VenvError(f"lock {where}, requirement {number}: {error}") from None
-    if not pins:
-        raise VenvError(f"lock {where} has no requirements")
-    return pins
+    """The pins of a complete hash lock (module_utils/revive_lockfile.py, the format bin/revive lock writes)."""
+    try:
+        lock = lockfile.parse_lock(text, where)
+        lock.require_complete()
+    except lockfile.LockError as error:
+        raise VenvError(str(error)) from None
+    return [Pin(entry.name, entry.version) for entry in lock.entries]
 
 
 def check_lock_covers(pins: List[Pin], lock_pins: List[Pin], where: str) -> None:

@@ -19,6 +19,7 @@ bytes count what is in dest, kept files and resumed parts included. Stdlib only,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -266,8 +267,9 @@ def fill_cache(lock: Lock, source: Source, target: Target, dest: str, progress: 
     if check_mode:
         result.downloaded = [selected.filename for selected in todo]
         return result
-    if todo:
-        _check_space(dest, result.bytes_to_download)
+    if not todo:
+        return result  # nothing to do: no progress reported, nothing written
+    _check_space(dest, result.bytes_to_download)
     counter.report(None)
     for selected in todo:
         done_before = counter.bytes_done
@@ -300,8 +302,9 @@ def _check_space(dest: str, needed: int) -> None:
 
 @dataclass
 class ProgressFile:
-    """A Progress callback that writes dest/.progress.json atomically, at most every `interval` seconds
-    (and always when a file completes); finish() records the outcome."""
+    """A Progress callback that writes dest/.progress.json atomically, at most every `interval` seconds (and
+    whenever a file completes); finish() records the outcome. A run with nothing to download leaves the file
+    alone, unless it still tells of an unfinished run."""
 
     dest: str
     interval: float = 1.0
@@ -321,10 +324,25 @@ class ProgressFile:
             self._last = now
             self._write()
 
-    def finish(self, state: str, msg: str = "") -> None:
+    def recorded_state(self) -> Optional[str]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                return json.load(handle).get("state")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def finish(self, state: str, msg: str = "", result: Optional[CacheResult] = None) -> None:
+        """Record `state` (done, failed); `result` gives the totals when this run reported no progress."""
+        if not os.path.isdir(self.dest):
+            return
+        if not self._state:
+            if state == "done" and self.recorded_state() in (None, "done"):
+                return
+            if result is not None:
+                self._state = {"files_done": result.files_total, "files_total": result.files_total,
+                               "bytes_done": result.bytes_total, "bytes_total": result.bytes_total}
         self._state = dict(self._state, state=state, current=None, msg=msg)
-        if os.path.isdir(self.dest):
-            self._write()
+        self._write()
 
     def _write(self) -> None:
         os.makedirs(self.dest, mode=0o755, exist_ok=True)

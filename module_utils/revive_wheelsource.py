@@ -416,7 +416,7 @@ class SourceReport:
         if self.ok:
             return f"{self.source} offers all {self.checked} locked wheels of {self.lock} for {self.target}"
         return (f"{self.source} cannot serve the lock {self.lock} for {self.target}: {len(self.problems)} problem(s) "
-                f"in {self.checked} entries: " + "; ".join(problem.message for problem in self.problems))
+                f"in {self.checked} entries:\n- " + "\n- ".join(problem.message for problem in self.problems))
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "checked": self.checked, "lock": self.lock, "source": self.source,

@@ -99,7 +99,8 @@ def supported_tags(target: Target) -> List[Tuple[str, str, str]]:
     major, minor = target.python
     platforms = platform_tags(target)
     cp = f"cp{major}{minor}"
-    pairs = [(cp, cp), (cp, "abi3"), (cp, "none")] + [(f"cp{major}{older}", "abi3") for older in range(minor - 1, 1, -1)]
+    pairs = [(cp, cp), (cp, "abi3"), (cp, "none")]
+    pairs += [(f"cp{major}{older}", "abi3") for older in range(minor - 1, 1, -1)]
     pythons = [f"py{major}{minor}", f"py{major}"] + [f"py{major}{older}" for older in range(minor - 1, -1, -1)]
     tags = [(interpreter, abi, platform) for interpreter, abi in pairs for platform in platforms]
     tags += [(python, "none", platform) for python in pythons for platform in platforms]

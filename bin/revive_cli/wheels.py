@@ -4,11 +4,12 @@
                         [--python 3.10] [--platform manylinux_2_35_x86_64] [--json]
     revive wheels fetch --lock FILE --dest DIR [same source and target options] [--dry-run]
 
-check proves that the source (default: the public index) offers, for every lock entry, a wheel with a
-locked sha256 that installs on the target; it reads only. fetch downloads that wheel of every entry into
-DIR (the fleet cache), each once: files already there with a locked hash are kept, an interrupted
-download resumes where it stopped (run it again), every file is verified against the lock. --python and
---platform default to the lock header's `# python:` and `# platform:` (else 3.10, manylinux_2_35_x86_64).
+check proves that the source offers, for every lock entry, a wheel with a locked sha256 that installs on
+the target; it reads only. fetch downloads that wheel of every entry into DIR (the fleet cache), each
+once: files already there with a locked hash are kept, an interrupted download resumes where it stopped
+(run it again), every file is verified against the lock. --index-url, --python and --platform default to
+the lock header's `# index:`, `# python:` and `# platform:` (else https://pypi.org/simple, 3.10 and
+manylinux_2_35_x86_64).
 Exit status: 0 ok, 1 the source lacks files or a download failed (every problem on stderr), 2 bad
 arguments or an unusable lock, source or target, 130 interrupted (fetch resumes on the next run).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -37,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name)
         command.add_argument("--lock", required=True, help="the hash lock (data/locks/vllm-...txt)")
         where = command.add_mutually_exclusive_group()
-        where.add_argument("--index-url", help=f"simple index or mirror (default {PUBLIC_INDEX})")
+        where.add_argument("--index-url", help="simple index or mirror (default: the lock header's index)")
         where.add_argument("--wheelhouse", help="a directory of wheels instead of an index")
         command.add_argument("--trusted-host", help="allow plain http (and skip certificate checks) for this host")
         command.add_argument("--python", help="CPython minor of the nodes' venv (default: the lock's header)")
@@ -95,11 +97,17 @@ class ProgressLine:
             self.stream.flush()
 
 
-def _source_params(args: argparse.Namespace) -> dict:
+def _source_params(args: argparse.Namespace, header_index: Optional[str]) -> dict:
     if args.wheelhouse:
         return {"type": "wheelhouse", "wheelhouse": args.wheelhouse}
-    return {"type": "mirror" if args.index_url and args.index_url.rstrip("/") != PUBLIC_INDEX else "index",
-            "index_url": args.index_url or PUBLIC_INDEX, "trusted_host": args.trusted_host}
+    index_url = args.index_url or header_index or PUBLIC_INDEX
+    return {"type": "index" if index_url.rstrip("/") == PUBLIC_INDEX else "mirror", "index_url": index_url,
+            "trusted_host": args.trusted_host}
+
+
+def _header_index(value: Optional[str]) -> Optional[str]:
+    """The lock header's `# index:` when it is one URL (the index the lock was made from)."""
+    return value if value and re.match(r"^https?://\S+$", value) else None
 
 
 def _print_problems(report) -> None:
@@ -118,7 +126,8 @@ def main(argv: List[str]) -> int:
         header = load_lock(args.lock)
         python = args.python or header.value("python") or DEFAULT_PYTHON
         platform = args.platform or header.value("platform") or DEFAULT_PLATFORM
-        lock, source, target = prepare(args.lock, _source_params(args), python, platform)
+        lock, source, target = prepare(args.lock, _source_params(args, _header_index(header.value("index"))),
+                                       python, platform)
         http = http_for(source, args.timeout, args.retries)
     except WheelSourceError as error:
         print(f"revive wheels: {error}", file=sys.stderr)

@@ -64,7 +64,8 @@ def test_the_check_fails_with_every_problem_at_once(repo, fake_index, tmp_path):
     assert [p["requirement"] for p in result["problems"]] == ["outlines-core==0.1.0", "torch==2.6.0",
                                                               "pyairports==2.1.1"]
     assert result["msg"].startswith(f"mirror {fake_index.simple} cannot serve the lock {lock} for CPython 3.10 on "
-                                    "manylinux_2_35_x86_64: 3 problem(s) in 2 entries: ")
+                                    "manylinux_2_35_x86_64: 3 problem(s) in 2 entries:\n- ")
+    assert result["msg"].count("\n- ") == 3
     assert f"no wheel of torch==2.6.0 with a locked hash at {fake_index.simple}/torch/ (offered: 1 wheel(s)" in \
         result["msg"]
     assert "`bin/revive lock 0.5.4 --supply DIR`" in result["msg"]

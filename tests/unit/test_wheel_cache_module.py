@@ -43,8 +43,10 @@ def test_check_mode_then_a_real_run_then_nothing_to_do(repo, two_projects, tmp_p
     assert (progress["state"], progress["files_done"], progress["bytes_done"]) == ("done", 2, 340_000)
     assert filled["progress_file"] == str(dest / ".progress.json")
 
+    written = {name: (dest / name).stat().st_mtime_ns for name in os.listdir(dest)}
     again = adhoc(repo, "wheel_cache", args)
     assert (again["changed"], again["files_kept"], again["bytes_downloaded"]) == (False, 2, 0)
+    assert {name: (dest / name).stat().st_mtime_ns for name in os.listdir(dest)} == written
     again_checked = adhoc(repo, "wheel_cache", args, "--check")
     assert (again_checked["changed"], again_checked["downloaded"]) == (False, [])
 

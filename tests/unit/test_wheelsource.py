@@ -260,7 +260,8 @@ def test_wheel_tag_compatibility(filename, python, platform, installs):
 
 
 def test_the_most_specific_tag_ranks_first():
-    names = ["x-1-py3-none-any.whl", "x-1-cp38-abi3-manylinux2014_x86_64.whl", "x-1-cp310-cp310-manylinux2014_x86_64.whl",
+    names = ["x-1-py3-none-any.whl", "x-1-cp38-abi3-manylinux2014_x86_64.whl",
+             "x-1-cp310-cp310-manylinux2014_x86_64.whl",
              "x-1-cp310-cp310-manylinux_2_28_x86_64.whl", "x-1-cp310-abi3-manylinux_2_28_x86_64.whl"]
     ranked = sorted(names, key=lambda name: wheel_rank(parse_wheel_name(name), TARGET))
     assert ranked == ["x-1-cp310-cp310-manylinux_2_28_x86_64.whl", "x-1-cp310-cp310-manylinux2014_x86_64.whl",
@@ -270,7 +271,8 @@ def test_the_most_specific_tag_ranks_first():
 
 def test_wheel_names_and_targets_are_parsed_or_refused_with_the_fix():
     built = parse_wheel_name("vllm-0.5.4-2-cp38-abi3-manylinux1_x86_64.whl")
-    assert (built.name, built.version, built.build, built.tag_text) == ("vllm", "0.5.4", (2, ""), "cp38-abi3-manylinux1_x86_64")
+    assert (built.name, built.version, built.build) == ("vllm", "0.5.4", (2, ""))
+    assert built.tag_text == "cp38-abi3-manylinux1_x86_64"
     assert parse_wheel_name("vllm-0.5.4.tar.gz") is None
     assert parse_wheel_name("broken-py3-none-any.whl") is None
     assert parse_wheel_name("x-1-py3-none-any/../../evil.whl") is None
@@ -556,6 +558,14 @@ def test_progress_file_is_written_atomically_and_records_the_outcome(two_project
          "current": None}
     assert sorted(os.listdir(dest)) == [".progress.json", "tinypkg-1.0-py3-none-any.whl",
                                         "torch-2.6.0-cp310-cp310-manylinux1_x86_64.whl"]
+    written = (dest / ".progress.json").stat().st_mtime_ns
+    idle = ProgressFile(str(dest), interval=0)
+    result = fill_cache(lock_of(lock), mirror(index), TARGET, str(dest), idle, http=FAST)
+    idle.finish("done", result=result)
+    assert (dest / ".progress.json").stat().st_mtime_ns == written
+    (dest / ".progress.json").write_text('{"state": "failed", "msg": "cut"}')
+    idle.finish("done", result=result)
+    assert json.loads((dest / ".progress.json").read_text())["files_done"] == 2
 
 
 # --- bin/revive wheels -------------------------------------------------------------------------------
@@ -614,6 +624,17 @@ def test_cli_exit_codes_and_problem_lines(fake_index, tmp_path, capsys):
     assert code == 2 and f"cannot read the lock {tmp_path / 'none.txt'}" in err
     code, _, _ = run_cli(capsys, "fetch", "--lock", str(lock))
     assert code == 2
+
+
+def test_cli_takes_the_index_and_target_from_the_lock_header(two_projects, tmp_path, capsys):
+    index, lock = two_projects
+    text = lock.read_text().replace("# python: 3.10\n", f"# python: 3.10\n# index: {index.simple}\n")
+    headed = tmp_path / "headed.txt"
+    headed.write_text(text)
+    code, out, err = run_cli(capsys, "check", "--lock", str(headed), "--trusted-host", "127.0.0.1")
+    assert code == 0, err
+    assert out.startswith(f"ok: mirror {index.simple} offers all 2 locked wheels of {headed} for CPython 3.10 on "
+                          "manylinux_2_35_x86_64")
 
 
 def test_real_entry_point(two_projects, repo):

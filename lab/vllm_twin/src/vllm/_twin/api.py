@@ -29,6 +29,7 @@ from vllm._twin import metrics as metrics_mod
 from vllm._twin import tokens, vlog
 from vllm._twin.engine import EngineDeadError, SamplingParams, SequenceGroup, TokenEvent
 from vllm._twin.http import Exchange
+from vllm._twin.release import current, pick
 from vllm._twin.runner import Runner
 from vllm._twin.settings import Settings
 from vllm._twin.validation import (DETOKENIZE_FIELDS, TOKENIZE_CHAT_FIELDS, TOKENIZE_COMPLETION_FIELDS,
@@ -72,6 +73,8 @@ class ApiConfig:
     allow_credentials: bool
     allowed_methods: List[str]
     allowed_headers: List[str]
+    # 0.8.5.post1's default mode: /metrics is the PROMETHEUS_MULTIPROC_DIR registry (metrics.py)
+    multiprocess_metrics: bool = False
 
 
 @dataclass
@@ -108,8 +111,9 @@ class Faults:
 class Stream:
     """An open streaming response: how the engine's tokens reach one client."""
 
-    def __init__(self, exchange: Exchange):
+    def __init__(self, exchange: Exchange, chat: bool = False):
         self.exchange = exchange
+        self.chat = chat
         self.done = asyncio.get_running_loop().create_future()
 
     def send(self, text: str) -> None:
@@ -126,6 +130,14 @@ class Stream:
         if not self.done.done():
             self.done.set_result("cut")
 
+    def fail(self, message: str) -> None:
+        """0.8.5.post1's stream generators catch the engine's error: an error event, then [DONE]
+        (v0.8.5.post1:vllm/entrypoints/openai/serving_chat.py:883-889, serving_completion.py:388-392)."""
+        if self.done.done():
+            return
+        self.exchange.send_chunk(f"data: {json.dumps({'error': error_body(message)})}\n\n".encode())
+        self.finish()
+
 
 class OpenAIApp:
     def __init__(self, config: ApiConfig, runner: Runner, settings: Settings, version_info: Dict[str, Any],
@@ -140,18 +152,51 @@ class OpenAIApp:
         self.streams: Dict[str, Stream] = {}
         self.waiters: Dict[str, asyncio.Future] = {}
         self.model_created = int(time.time())
+        self.legacy = current().legacy
+        self.chat_id_prefix = current().behaviour.chat_id_prefix
+        self.stalled = False             # 0.8.5.post1 after SIGTERM: nothing is delivered any more
+        self.engine_error_exit = False   # 0.8.5.post1: a dead engine stopped the server
+        self.on_engine_error: Optional[Callable[[], None]] = None
         runner.on_dead = self._engine_died
 
-    # --- engine death: every open stream is cut, every waiting request fails ---------------------------
+    # --- engine death: 0.5.4 cuts every open stream; 0.8.5.post1 ends them with an error event ------------
     def _engine_died(self, reason: str) -> None:
-        vlog.error("async_llm_engine.py:56", f"Engine background task failed: {reason}")
-        for stream in list(self.streams.values()):
-            stream.cut()
+        if self.legacy:
+            vlog.error("async_llm_engine.py:56", f"Engine background task failed: {reason}")
+            for stream in list(self.streams.values()):
+                stream.cut()
+        else:
+            message = self.dead_message(reason)
+            for stream in {id(s): s for s in self.streams.values()}.values():
+                if stream.chat:  # serving_chat.py:884 logs it (with the traceback); completions do not
+                    vlog.error("serving_chat.py:884", "Error in chat completion stream generator.")
+                stream.fail(message)
         self.streams.clear()
         for waiter in list(self.waiters.values()):
             if not waiter.done():
                 waiter.set_exception(EngineDeadError(reason))
         self.waiters.clear()
+
+    def dead_message(self, reason: str) -> str:
+        """What a request of a dead engine fails with: MQEngineDeadError in the default mode
+        (v0.8.5.post1:vllm/engine/multiprocessing/__init__.py:174-183), the engine's own error in-process."""
+        if self.frontend_multiprocessing:
+            return ("Engine loop is not running. Inspect the stacktrace to find the original error: "
+                    f"RuntimeError({reason!r}).")
+        return reason
+
+    def _server_error(self, exchange: Exchange, extra) -> None:
+        """500 for a request of a dead engine: FastAPI's text in 0.5.4; 0.8.5.post1's exception handler
+        answers an empty 500 and stops the server (v0.8.5.post1:vllm/entrypoints/launcher.py:111-142)."""
+        if self.legacy:
+            exchange.respond(500, b"Internal Server Error", TEXT, extra)
+            return
+        exchange.respond(500, b"", None, extra)
+        if self.on_engine_error is not None:
+            asyncio.get_running_loop().call_soon(self.on_engine_error)
+
+    def stall_all(self) -> None:
+        self.stalled = True
 
     def cut_all(self) -> None:
         for stream in list(self.streams.values()):
@@ -184,9 +229,12 @@ class OpenAIApp:
             "/tokenize": ("POST", self.tokenize), "/detokenize": ("POST", self.detokenize),
             "/v1/embeddings": ("POST", self.embeddings),
         }
+        if not self.legacy:
+            routes.update({"/ping": ("GET", self.health), "/load": ("GET", self.load)})
         if path == "/metrics" or path.startswith("/metrics/"):
             exchange.respond(200, metrics_mod.render(self.start_time, self.runner.metrics if self.config.vllm_metrics
-                                                     else None), METRICS_TYPE, extra)
+                                                     else None, self.config.multiprocess_metrics),
+                             METRICS_TYPE, extra)
             return
         route = routes.get(path)
         if route is None:
@@ -223,9 +271,13 @@ class OpenAIApp:
     # --- simple routes ----------------------------------------------------------------------------
     async def health(self, exchange: Exchange, extra) -> None:
         if self.runner.dead:
-            exchange.respond(500, b"Internal Server Error", TEXT, extra)
+            self._server_error(exchange, extra)
             return
         exchange.respond(200, b"", None, extra)
+
+    async def load(self, exchange: Exchange, extra) -> None:
+        """0.8.5.post1's /load: the request count it tracks only with --enable-server-load-tracking."""
+        self._json(exchange, 200, {"server_load": 0}, extra)
 
     async def version(self, exchange: Exchange, extra) -> None:
         self._json(exchange, 200, self.version_info, extra)
@@ -438,7 +490,7 @@ class OpenAIApp:
         except RequestError as exc:
             self._json(exchange, exc.code, exc.body, extra)
             return
-        request_id = f"chat-{uuid.uuid4().hex}"
+        request_id = f"{self.chat_id_prefix}{uuid.uuid4().hex}"
         role = self.config.response_role if req["add_generation_prompt"] else conversation[-1][0]
         prompt_key = zlib.crc32(prompt_text.encode())
         self._log_request(request_id, prompt_text, prompt_len, params)
@@ -458,7 +510,7 @@ class OpenAIApp:
         continuous = bool(options and options.get("continuous_usage_stats"))
         head = f'{{"id":"{request_id}","object":"chat.completion.chunk","created":{created},"model":{dumps(model)},'
         exchange.start_stream(200, SSE, extra)
-        stream = Stream(exchange)
+        stream = Stream(exchange, chat=True)
         state = {"first": True, "tokens": [0] * params.best_of, "sent": [False] * params.best_of}
 
         def usage(completion: int) -> str:
@@ -512,16 +564,20 @@ class OpenAIApp:
     async def _run_stream(self, exchange, request_id, prompt_len, params, prompt_key, sink, stream) -> None:
         try:
             self._add(request_id, prompt_len, params, sink, prompt_key)
-        except EngineDeadError:
-            stream.cut()  # 0.5.4: headers are out when the generator fails; the connection is cut
+        except EngineDeadError as exc:
+            if self.legacy:
+                stream.cut()  # 0.5.4: headers are out when the generator fails; the connection is cut
+            else:
+                stream.fail(self.dead_message(str(exc)))
             return
         self.streams[request_id] = stream
         gone = await self._await_disconnect_or(exchange, stream.done)
         self.streams.pop(request_id, None)
-        if gone:
+        if gone and not self.stalled:
             self.runner.abort(request_id)
             if self.config.log_requests:
-                vlog.info("async_llm_engine.py:181", f"Aborted request {request_id}.")
+                vlog.info(pick("async_llm_engine.py:181", "engine.py:329" if self.frontend_multiprocessing
+                               else "async_llm_engine.py:223"), f"Aborted request {request_id}.")
 
     def _request_done(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
@@ -552,7 +608,7 @@ class OpenAIApp:
         try:
             group = await self._collect(exchange, request_id, prompt_len, params, prompt_key)
         except EngineDeadError:
-            exchange.respond(500, b"Internal Server Error", TEXT, extra)
+            self._server_error(exchange, extra)
             return
         if group is None:
             self._json(exchange, 400, error_body("Client disconnected"), extra)
@@ -682,8 +738,11 @@ class OpenAIApp:
             for i, ((text, count), params) in enumerate(zip(prompts, params_list)):
                 self._add(request_ids[i], count, params, make_sink(i, text, count), zlib.crc32(text.encode()))
                 self.streams[request_ids[i]] = stream
-        except EngineDeadError:
-            stream.cut()
+        except EngineDeadError as exc:
+            if self.legacy:
+                stream.cut()
+            else:
+                stream.fail(self.dead_message(str(exc)))
             return
         gone = await self._await_disconnect_or(exchange, stream.done)
         for rid in request_ids:
@@ -702,7 +761,7 @@ class OpenAIApp:
                 self._log_finished(f"{request_id}-{i}")
                 groups.append((text, count, group))
         except EngineDeadError:
-            exchange.respond(500, b"Internal Server Error", TEXT, extra)
+            self._server_error(exchange, extra)
             return
         choices = []
         prompt_tokens = completion_tokens = 0

@@ -85,6 +85,7 @@ class SequenceGroup:
     prefill_target: int = 0    # tokens the current prefill must process
     last_token_time: float = 0.0
     first_token_time: Optional[float] = None
+    first_scheduled_time: Optional[float] = None
     aborted: bool = False
 
     def live_seqs(self) -> List[GeneratedSequence]:
@@ -154,6 +155,13 @@ class StepStats:
     request_best_of: List[int] = field(default_factory=list)
     request_n: List[int] = field(default_factory=list)
     finished_reasons: List[str] = field(default_factory=list)
+    # what 0.8.5.post1's _get_stats adds (v0.8.5.post1:vllm/engine/llm_engine.py:1783-1824)
+    request_max_tokens: List[int] = field(default_factory=list)
+    request_max_generation_tokens: List[int] = field(default_factory=list)
+    queue_times: List[float] = field(default_factory=list)
+    prefill_times: List[float] = field(default_factory=list)
+    decode_times: List[float] = field(default_factory=list)
+    inference_times: List[float] = field(default_factory=list)
 
 
 class Engine:
@@ -286,6 +294,8 @@ class Engine:
                 group.blocks = required
                 self.free_gpu_blocks -= required
                 group.state = RUNNING
+                if group.first_scheduled_time is None:
+                    group.first_scheduled_time = now
                 self.running.append(group)
                 prefills.append((group, tokens))
                 batched += tokens
@@ -411,6 +421,8 @@ class Engine:
             group.blocks = required
             self.free_gpu_blocks -= required
             group.state = RUNNING
+            if group.first_scheduled_time is None:
+                group.first_scheduled_time = now
             self.running.append(group)
             prefills.append((group, tokens))
             budget -= tokens
@@ -512,6 +524,13 @@ class Engine:
             stats.request_best_of.append(group.params.best_of)
             stats.request_n.append(group.params.n)
             stats.finished_reasons.extend(s.finish_reason or "stop" for s in group.seqs)
+            stats.request_max_tokens.append(group.params.max_tokens)
+            stats.request_max_generation_tokens.append(max(len(s.output_ids) for s in group.seqs))
+            if group.first_scheduled_time is not None and group.first_token_time is not None:
+                stats.queue_times.append(group.first_scheduled_time - group.arrival_time)
+                stats.prefill_times.append(group.first_token_time - group.first_scheduled_time)
+                stats.decode_times.append(now - group.first_token_time)
+                stats.inference_times.append(now - group.first_scheduled_time)
 
     def snapshot_stats(self, now: float) -> StepStats:
         cfg = self.config

@@ -312,10 +312,14 @@ class HttpServer:
         self.servers: List[asyncio.base_events.Server] = []
         self.stopping = False
 
-    async def listen(self, host: Optional[str], port: int, ssl_context=None) -> None:
+    async def listen(self, host: Optional[str], port: int, ssl_context=None, sock=None) -> None:
+        """Listen on host:port, or on `sock` when the caller bound it earlier (0.8.5.post1 does)."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: HttpProtocol(self), host=host, port=port, reuse_address=True,
-                                          ssl=ssl_context, backlog=2048)
+        if sock is not None:
+            server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, ssl=ssl_context, backlog=2048)
+        else:
+            server = await loop.create_server(lambda: HttpProtocol(self), host=host, port=port, reuse_address=True,
+                                              ssl=ssl_context, backlog=2048)
         self.servers.append(server)
 
     def stop_listening(self) -> None:

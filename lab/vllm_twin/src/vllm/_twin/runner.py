@@ -17,6 +17,7 @@ from vllm._twin.engine import (Engine, EngineDeadError, SamplingParams, Sequence
                                decode_contexts)
 from vllm._twin.metrics import ThroughputLog, VllmMetrics
 from vllm._twin.perf import PerfModel
+from vllm._twin.release import current, pick
 from vllm._twin.settings import Settings
 from vllm._twin.utilization import UtilizationReporter
 
@@ -45,6 +46,7 @@ class Runner:
         self.on_dead: Optional[Callable[[str], None]] = None
         self.stopped = False
         self.steps = 0
+        self.last_throughput = (0.0, 0.0)
 
     # --- requests -----------------------------------------------------------------------------------
     def add(self, request_id: str, prompt_len: int, params: SamplingParams,
@@ -133,7 +135,12 @@ class Runner:
             prompt_tps, generation_tps = self.throughput_log.take(stats.now)
             if self.metrics is not None:
                 self.metrics.log_throughput(prompt_tps, generation_tps)
-            vlog.info("metrics.py:406", (
+            # 0.8.5.post1 logs an idle interval at debug level only (v0.8.5.post1:vllm/engine/metrics.py:479-483)
+            idle = not any((prompt_tps, generation_tps, *self.last_throughput))
+            self.last_throughput = (prompt_tps, generation_tps)
+            if idle and not current().legacy:
+                return
+            vlog.info(pick("metrics.py:406", "metrics.py:486"), (
                 f"Avg prompt throughput: {prompt_tps:.1f} tokens/s, Avg generation throughput: "
                 f"{generation_tps:.1f} tokens/s, Running: {stats.num_running} reqs, Swapped: {stats.num_swapped} "
                 f"reqs, Pending: {stats.num_waiting} reqs, GPU KV cache usage: {stats.gpu_cache_usage * 100:.1f}%, "
