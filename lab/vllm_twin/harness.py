@@ -47,11 +47,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def release_src(release: str, directory: Path) -> Path:
+    """The files of the twin wheel built for `release` (build_wheelhouse.twin_files: the sources, the bundled
+    module_utils and vllm/_twin/release.json), written under `directory`: a PYTHONPATH that runs that
+    release exactly as its wheel would. 0.5.4 also runs from lab/vllm_twin/src directly."""
+    sys.path.insert(0, str(REPO / "lab" / "vllm_twin"))
+    try:
+        import build_wheelhouse
+    finally:
+        sys.path.pop(0)
+    for name, data in build_wheelhouse.twin_files(release).items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return directory
+
+
 def twin_env(tmp: Path, profile: str = "v100-pcie-8x", time_scale: float = 0.01,
-             extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+             extra: Optional[Dict[str, str]] = None, src: Optional[Path] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "NCCL_", "CUDA_"))}
     env.update({
-        "PYTHONPATH": str(TWIN_SRC),
+        "PYTHONPATH": str(src or TWIN_SRC),
         "LD_LIBRARY_PATH": str(FAKENVML),
         "FAKE_NVML_PROFILE": str(PROFILES / f"{profile}.json"),
         "FAKE_NVML_UTILIZATION": str(tmp / "utilization.json"),

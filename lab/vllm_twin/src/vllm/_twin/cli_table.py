@@ -117,13 +117,35 @@ ACTION_CLASSES: Dict[str, type] = {
 VALUELESS = ("store_true", "store_false", "BooleanOptionalAction")
 
 
+# 0.8.5.post1's defaults of the arguments the twin reads (its argparse defaults, the real wheel's parser):
+# set on the namespace when a partial table (cli.complete false) lacks the argument.
+MISSING_DEFAULTS: Dict[str, Any] = {
+    "allow_credentials": False, "allowed_headers": ["*"], "allowed_methods": ["*"], "allowed_origins": ["*"],
+    "api_key": None, "block_size": None, "cpu_offload_gb": 0, "disable_custom_all_reduce": False,
+    "disable_frontend_multiprocessing": False, "disable_log_requests": False, "disable_log_stats": False,
+    "disable_uvicorn_access_log": False, "distributed_executor_backend": None, "download_dir": None,
+    "dtype": "auto", "enable_chunked_prefill": None, "enable_prefix_caching": None, "enable_prompt_adapter": None,
+    "enforce_eager": False, "gpu_memory_utilization": 0.9, "guided_decoding_backend": "auto", "host": None,
+    "kv_cache_dtype": "auto", "load_format": "auto", "max_log_len": None, "max_logprobs": 20,
+    "max_model_len": None, "max_num_batched_tokens": None, "max_num_seqs": None, "model": "facebook/opt-125m",
+    "num_gpu_blocks_override": None, "pipeline_parallel_size": 1, "port": 8000, "preemption_mode": None,
+    "quantization": None, "response_role": "assistant", "revision": None, "root_path": None,
+    "scheduler_delay_factor": 0.0, "seed": None, "served_model_name": None, "skip_tokenizer_init": False,
+    "ssl_ca_certs": None, "ssl_cert_reqs": 0, "ssl_certfile": None, "ssl_keyfile": None, "swap_space": 4,
+    "tensor_parallel_size": 1, "tokenizer": None, "tokenizer_mode": "auto", "tokenizer_revision": None,
+    "trust_remote_code": False, "uvicorn_log_level": "info",
+}
+
+
 class TableError(Exception):
     """The CLI table holds something the twin cannot turn into an argparse call."""
 
 
 def _choice(value: Any, kind: Optional[str]) -> Any:
-    # The table writes choices as YAML scalars; argparse compares them with the converted value.
-    if value is None or value == "None":
+    # The table writes choices as YAML scalars; argparse compares them with the converted value. `null` is
+    # the None object (--quantization's choices end with None); "None" is the string some releases append
+    # (0.8.5.post1's get_kwargs, arg_utils.py:186-189), which a nullable type's None never matches.
+    if value is None:
         return None
     if kind in ("int", "human_readable_int", "human_readable_int_or_auto"):
         return int(value)
