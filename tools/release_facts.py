@@ -202,10 +202,14 @@ def site_packages(python: str) -> Path:
     return Path(result.strip())
 
 
-def _run_venv(python: str, args: Sequence[str], timeout: int = 600) -> str:
+def _run_venv(python: str, args: Sequence[str], timeout: int = 600, env: Optional[Dict[str, str]] = None) -> str:
     if not os.access(python, os.X_OK):
         raise FactsError(f"{python}: not an executable interpreter; pass the venv's bin/python to --python")
-    proc = subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir())
+    # VLLM_* of this shell must not change the parser; `env` sets the ones a variant asks for
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONHASHSEED"))}
+    full.update(env or {})
+    proc = subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir(),
+                          env=full)
     if proc.returncode != 0:
         raise FactsError(f"{python} {' '.join(args[:2])} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -399,23 +403,80 @@ def check_cli_loaded(release: str, rows: List[Dict[str, Any]]) -> Callable[[Any]
     return check
 
 
-def cmd_cli(args: argparse.Namespace) -> int:
+# The parser is built in several processes: vLLM 0.8.5.post1 picks --guided-decoding-backend's choices from a
+# set (vllm/engine/arg_utils.py get_type), so they follow PYTHONHASHSEED, and reads VLLM_USE_V1 at import for
+# that flag's default (vllm/config.py DecodingConfig). Planned Volta servers run with VLLM_USE_V1=0.
+ENV_VARIANTS = ({}, {"VLLM_USE_V1": "0"})
+V0_ENV_DEFAULT_KEY = "default_vllm_use_v1_0"
+
+
+def dump_variants(python: str, seeds: int) -> List[Tuple[Dict[str, str], Dict[str, Any]]]:
+    variants = []
     with tempfile.TemporaryDirectory(prefix="release-facts-") as tmp:
-        out = os.path.join(tmp, "cli.json")
-        _run_venv(args.python, [str(Path(__file__).resolve()), "_dump-cli", out])
-        with open(out, encoding="utf-8") as handle:
-            facts = json.load(handle)
+        for env in ENV_VARIANTS:
+            for seed in range(seeds):
+                out = os.path.join(tmp, f"cli-{len(variants)}.json")
+                variant_env = dict(env, PYTHONHASHSEED=str(seed))
+                _run_venv(python, [str(Path(__file__).resolve()), "_dump-cli", out], env=variant_env)
+                with open(out, encoding="utf-8") as handle:
+                    variants.append((variant_env, json.load(handle)))
+    return variants
+
+
+def merge_variants(variants: List[Tuple[Dict[str, str], Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """One row per action. Choices that differ between processes: those all of them accept, plus
+    `choices_unstable` (accepted by some only); a default that differs under VLLM_USE_V1=0: `default_vllm_use_v1_0`."""
+    base_env, base = variants[0]
+    merged = []
+    for n, row in enumerate(base["arguments"]):
+        seen = [facts["arguments"][n] for _, facts in variants]
+        if any(other["flags"] != row["flags"] for other in seen):
+            raise FactsError(f"{row['flags'][0]}: the parser's actions come in a different order between processes")
+        out = dict(row)
+        if any(other.get("choices") != row.get("choices") for other in seen):
+            every = [c for c in row.get("choices") or [] if all(c in (o.get("choices") or []) for o in seen)]
+            some = sorted({c for o in seen for c in o.get("choices") or [] if c not in every}, key=str)
+            out["choices"] = every
+            out["choices_unstable"] = some
+        v0_defaults = {json.dumps(facts["arguments"][n]["default"]) for env, facts in variants if env.get("VLLM_USE_V1") == "0"}
+        unset_defaults = {json.dumps(facts["arguments"][n]["default"]) for env, facts in variants if "VLLM_USE_V1" not in env}
+        if len(v0_defaults) > 1 or len(unset_defaults) > 1:
+            raise FactsError(f"{row['flags'][0]}: its default changes with PYTHONHASHSEED ({v0_defaults | unset_defaults})")
+        if v0_defaults != unset_defaults:
+            out[V0_ENV_DEFAULT_KEY] = json.loads(next(iter(v0_defaults)))
+        for other in seen:
+            rest = {k: v for k, v in other.items() if k not in ("choices", "default")}
+            if rest != {k: v for k, v in row.items() if k not in ("choices", "default")}:
+                raise FactsError(f"{row['flags'][0]}: differs between processes beyond choices/default: {row} vs {other}")
+        # keys in the table's usual order: the extra ones after what they qualify
+        order = ["flags", "action", "type", "parser_type", "default", V0_ENV_DEFAULT_KEY, "choices", "choices_unstable",
+                 "nargs", "deprecated"]
+        merged.append({k: out[k] for k in order if k in out})
+    return merged
+
+
+def cmd_cli(args: argparse.Namespace) -> int:
+    variants = dump_variants(args.python, args.hash_seeds)
+    facts = variants[0][1]
     if facts["vllm"] != args.release:
         raise FactsError(f"{args.python} has vllm {facts['vllm']}, not {args.release}; pass that release's venv")
     lock = Path(args.lock) if args.lock else REPO / "data" / "locks" / f"vllm-{args.release}-py{facts['python']}.txt"
     source, how = generated_from(site_packages(args.python), args.release, lock if lock.exists() else None,
                                  args.index_url)
-    rows = facts["arguments"]
+    rows = merge_variants(variants)
     summary = (f"{len(rows)} actions of make_arg_parser(FlexibleArgumentParser()) plus -h, vLLM {args.release} on "
-               f"Python {facts['python']}")
+               f"Python {facts['python']}; built {len(variants)} times (PYTHONHASHSEED 0-{args.hash_seeds - 1}, "
+               "VLLM_USE_V1 unset and 0)")
     block = cli_block(rows, source, summary)
     approximated = [r for r in rows if "parser_type" in r]
     print(f"vllm {facts['vllm']} (Python {facts['python']}): {len(rows)} actions; generated_from: {source} ({how})")
+    for row in rows:
+        if "choices_unstable" in row:
+            print(f"  unstable choices: {row['flags'][0]} accepts {row['choices_unstable']} only in some processes "
+                  "(PYTHONHASHSEED); the table keeps the choices every process accepts")
+        if V0_ENV_DEFAULT_KEY in row:
+            print(f"  env-dependent default: {row['flags'][0]} is {row['default']!r}, {row[V0_ENV_DEFAULT_KEY]!r} "
+                  "under VLLM_USE_V1=0")
     for row in approximated:
         print(f"  approximated type: {row['flags'][0]} {row['parser_type']} -> {row['type']}: "
               f"{TYPE_MAP[row['parser_type']].accepts}")
@@ -698,6 +759,8 @@ def main(argv: Sequence[str]) -> int:
             sub.add_argument("--lock", help="the lock the venv was installed from (default: "
                                             "data/locks/vllm-<release>-py<X.Y>.txt if present)")
             sub.add_argument("--index-url", default=DEFAULT_INDEX, help="PEP 691 index to name the lock's wheel")
+            sub.add_argument("--hash-seeds", type=int, default=6,
+                             help="build the parser under PYTHONHASHSEED 0..N-1 (each with and without VLLM_USE_V1=0)")
     args = parser.parse_args(argv)
     try:
         return cmd_cli(args) if args.command == "cli" else cmd_kernels(args)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_venv_build import auto_lock, make_wheel
+from test_wheelsource import fake_index  # noqa: F401 (a pytest fixture: the loopback index)
 
 BIN = os.path.dirname(sys.executable)
 DEBIAN_PYTHON = "/usr/bin/python3.11"  # roles/vllm_runtime/vars/Debian.yml
@@ -152,3 +153,32 @@ def test_a_wheelhouse_missing_a_locked_wheel_is_refused_before_the_node_changes(
     check = tasks["Check that the package source offers every locked wheel"]
     assert "torch==2.4.0+sim" in (check.get("msg", "") + json.dumps(check.get("results", [])))
     assert not (tmp_path / "venvs").exists() and not (tmp_path / "node").exists()
+
+
+def test_the_fleet_cache_downloads_each_wheel_once_and_the_node_installs_from_it(repo, tmp_path, release_wheelhouse,
+                                                                                  fake_index):
+    """An index source with the fleet cache on: the controller fetches the lock's wheels once (a loopback index
+    stands in for PyPI), shows the download's progress, copies exactly those wheels to the node's per-lock
+    directory and pip installs from there; a second run downloads and changes nothing."""
+    for wheel in sorted(release_wheelhouse.glob("*.whl")):
+        fake_index.add(wheel.name.split("-")[0].replace("_", "-"), wheel.name, wheel.read_bytes())
+    source = {"type": "mirror", "index_url": fake_index.simple, "trusted_host": "127.0.0.1"}
+    cache = tmp_path / "cache"
+    minor = "%d.%d" % sys.version_info[:2]
+    settings = dict(vllm_runtime_pip_source=source, vllm_runtime_python=sys.executable, vllm_runtime_fleet_cache="always",
+                    vllm_runtime_fleet_cache_dir=str(cache), vllm_runtime_fleet_cache_poll_s=1)
+    code, tasks, _ = run_role(repo, tmp_path, ANY_PYTHON, **settings)
+    assert code == 0, tasks
+    cached = sorted(p.name for p in (cache / f"vllm-0.5.4-py{minor}").glob("*.whl"))
+    assert cached == ["torch-2.4.0+sim-py3-none-any.whl", "vllm-0.5.4+sim-py3-none-any.whl"]
+    node = tmp_path / "node" / "wheelhouse" / f"vllm-0.5.4-py{minor}"
+    assert sorted(p.name for p in node.iterdir()) == cached  # only the lock's wheels, no progress file
+    assert "fleet cache" in json.dumps(tasks["Show the download's progress"])
+    assert len([r for r in fake_index.file_requests() if r["path"].endswith(".whl")]) == 2
+    built = tasks["Build the release venv"]
+    assert built["distributions"]["vllm"] == "0.5.4+sim"
+    assert "--find-links" in built["pip_argv"] and str(node) in built["pip_argv"]
+
+    code, tasks, stats = run_role(repo, tmp_path, ANY_PYTHON, **settings)
+    assert (code, stats["changed"]) == (0, 0), tasks
+    assert len([r for r in fake_index.file_requests() if r["path"].endswith(".whl")]) == 2  # nothing fetched again

@@ -1,12 +1,19 @@
 """The twin's wheels: reproducible, PEP 440-matching `vllm==0.5.4`, carrying the module_utils they reuse,
-placeholders for data/vllm-releases.yml's 0.5.4 pins, and an offline install that imports as a simulation."""
+placeholders for data/vllm-releases.yml's 0.5.4 pins, and an offline install that imports as a simulation;
+one wheel per simulated release (0.8.5.post1 too) and the hash locks a node installs them from."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import io
+import json
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from ansible.module_utils.revive_lockfile import parse_lock
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab" / "vllm_twin"))
@@ -67,3 +74,76 @@ def test_offline_install_of_the_054_pins_imports_as_a_simulation(tmp_path):
         "True module_utils",
         "torch 2.4.0+sim is a placeholder of the revive lab's vLLM twin (lab/vllm_twin/README.md): torch.cuda does "
         "not exist here"]
+
+
+# ------------------------------------------------------------------ one wheel per simulated release
+
+def test_each_release_gets_its_twin_wheel_with_its_release_file_and_pins():
+    name, data = build_wheelhouse.twin_wheel("0.8.5.post1")
+    assert name == "vllm-0.8.5.post1+sim-py3-none-any.whl"
+    with zipfile.ZipFile(io.BytesIO(data)) as wheel:
+        metadata = wheel.read("vllm-0.8.5.post1+sim.dist-info/METADATA").decode()
+        release = json.loads(wheel.read("vllm/_twin/release.json"))
+    requires = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    assert requires == ["torch==2.6.0+sim", "xformers==0.0.29.post2+sim", "nvidia-ml-py==13.615.71"]
+    assert (release["release"], release["version"], release["behaviour"]["parser"]) == (
+        "0.8.5.post1", "0.8.5.post1+sim", "table")
+    assert release["cli"]["arguments"] == build_wheelhouse.table_arguments(build_wheelhouse.release_entry("0.8.5.post1"))
+    with zipfile.ZipFile(io.BytesIO(build_wheelhouse.twin_wheel()[1])) as wheel:
+        old = json.loads(wheel.read("vllm/_twin/release.json"))
+    assert (old["release"], old["behaviour"]["parser"], old["cli"]["arguments"]) == ("0.5.4", "handwritten", [])
+    assert build_wheelhouse.release_pins(version="0.8.5.post1") == {
+        "vllm": "0.8.5.post1", "torch": "2.6.0", "xformers": "0.0.29.post2"}
+    assert [n for n, _ in build_wheelhouse.release_wheels("0.8.5.post1")] == [
+        "vllm-0.8.5.post1+sim-py3-none-any.whl", "torch-2.6.0+sim-py3-none-any.whl",
+        "xformers-0.0.29.post2+sim-py3-none-any.whl"]
+
+
+def stand_in_nvml_wheel(house: Path) -> Path:
+    """nvidia-ml-py 13.615.71 repackaged from this interpreter's installed copy, so the test stays offline
+    (build_wheelhouse.py keeps a wheel of that name instead of downloading it from PyPI)."""
+    dist = importlib.metadata.distribution("nvidia-ml-py")
+    assert dist.version == "13.615.71"
+    files = {str(f): f.read_binary() for f in dist.files if str(f) in ("pynvml.py", "example.py")}
+    assert "pynvml.py" in files
+    path = house / "nvidia_ml_py-13.615.71-py3-none-any.whl"
+    path.write_bytes(build_wheelhouse.wheel_bytes("nvidia_ml_py", "13.615.71", files, [],
+                                                  "Python Bindings for the NVIDIA Management Library (test stand-in)"))
+    return path
+
+
+def test_the_wheelhouse_locks_install_on_a_node_with_the_nodes_argv(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    stand_in_nvml_wheel(house)
+    written = build_wheelhouse.build(house)
+    assert {"locks/vllm-0.5.4-py3.11.txt", "locks/vllm-0.8.5.post1-py3.11.txt"} <= set(written)
+    lock_path = house / "locks" / "vllm-0.8.5.post1-py3.11.txt"
+    lock = parse_lock(lock_path.read_text(), str(lock_path))
+    pinned = {entry.name: (entry.version, set(entry.hashes)) for entry in lock.entries}
+    files = {"vllm": "vllm-0.8.5.post1+sim-py3-none-any.whl", "torch": "torch-2.6.0+sim-py3-none-any.whl",
+             "xformers": "xformers-0.0.29.post2+sim-py3-none-any.whl",
+             "nvidia-ml-py": "nvidia_ml_py-13.615.71-py3-none-any.whl"}
+    assert set(pinned) == set(files)
+    for name, file_name in files.items():
+        digest = "sha256:" + hashlib.sha256((house / file_name).read_bytes()).hexdigest()
+        assert digest in pinned[name][1], name
+    assert pinned["vllm"][0] == "0.8.5.post1+sim"
+    # a node: Debian 12's Python 3.11 where present, the exact argv of the runtime role
+    interpreter = shutil.which("python3.11") or sys.executable
+    venv = tmp_path / "venv"
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "--require-hashes", "--only-binary", ":all:",
+                           "--no-deps", "-r", str(lock_path), "--no-index", "--find-links", str(house)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    version = subprocess.run([str(python), "-c", "import vllm, torch, xformers, pynvml\n"
+                              "print(vllm.__version__, torch.__version__, xformers.__version__)"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert version.stdout.split() == ["0.8.5.post1+sim", "2.6.0+sim", "0.0.29.post2+sim"], version.stderr
+    helped = subprocess.run([str(python), "-m", "vllm.entrypoints.openai.api_server", "--help"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: api_server.py [-h] [--host HOST] [--port PORT]")
+    assert "--disable-log-requests" in helped.stdout and "--swap-space SWAP_SPACE" in helped.stdout

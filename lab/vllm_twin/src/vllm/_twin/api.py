@@ -427,6 +427,14 @@ class OpenAIApp:
                               include_stop_str_in_output=req["include_stop_str_in_output"], temperature=temperature,
                               seed=req.get("seed"))
 
+    def _usage(self, prompt: int, completion: int) -> Dict[str, Any]:
+        """UsageInfo.model_dump() (0.8.5.post1 adds prompt_tokens_details, protocol.py:122-126)."""
+        usage: Dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                 "completion_tokens": completion}
+        if not self.legacy:
+            usage["prompt_tokens_details"] = None
+        return usage
+
     def _log_request(self, request_id: str, prompt: str, prompt_len: int, params: SamplingParams) -> None:
         if not self.config.log_requests:
             return
@@ -435,6 +443,21 @@ class OpenAIApp:
         if self.config.max_log_len is not None:
             text = text[:self.config.max_log_len]
             ids = ids[:self.config.max_log_len]
+        if not self.legacy:
+            # v0.8.5.post1:vllm/entrypoints/logger.py:39-44 with SamplingParams.__repr__ (sampling_params.py:559-584)
+            vlog.info("logger.py:39", (
+                f"Received request {request_id}: prompt: {text!r}, params: SamplingParams(n={params.n}, "
+                f"presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+                f"temperature={params.temperature}, top_p=1.0, top_k=-1, min_p=0.0, seed={params.seed}, "
+                f"stop={list(params.stop)}, stop_token_ids={list(params.stop_token_ids)}, bad_words=[], "
+                f"include_stop_str_in_output={params.include_stop_str_in_output}, ignore_eos={params.ignore_eos}, "
+                f"max_tokens={params.max_tokens}, min_tokens={params.min_tokens}, logprobs=None, "
+                "prompt_logprobs=None, skip_special_tokens=True, spaces_between_special_tokens=True, "
+                "truncate_prompt_tokens=None, guided_decoding=None, extra_args=None), "
+                f"prompt_token_ids: {ids}, lora_request: None, prompt_adapter_request: None."))
+            vlog.info("engine.py:310" if self.frontend_multiprocessing else "async_llm_engine.py:211",
+                      f"Added request {request_id}.")
+            return
         vlog.info("logger.py:36", (
             f"Received request {request_id}: prompt: {text!r}, params: SamplingParams(n={params.n}, "
             f"best_of={params.best_of}, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
@@ -448,8 +471,9 @@ class OpenAIApp:
         vlog.info("async_llm_engine.py:174", f"Added request {request_id}.")
 
     def _log_finished(self, request_id: str) -> None:
-        if self.config.log_requests:
-            vlog.info("async_llm_engine.py:141", f"Finished request {request_id}.")
+        # 0.8.5.post1 logs it only from the in-process AsyncLLMEngine (async_llm_engine.py:179)
+        if self.config.log_requests and (self.legacy or not self.frontend_multiprocessing):
+            vlog.info(pick("async_llm_engine.py:141", "async_llm_engine.py:179"), f"Finished request {request_id}.")
 
     def _fault(self) -> Optional[RequestError]:
         message = self.faults.on_request()
@@ -521,12 +545,16 @@ class OpenAIApp:
             return (f',"usage":{{"prompt_tokens":{prompt_len},"total_tokens":{prompt_len + completion},'
                     f'"completion_tokens":{completion}}}')
 
+        # 0.8.5.post1's first delta also carries content "" (serving_chat.py:504-511)
+        first_content = "" if self.legacy else ',"content":""'
+
         def sink(group: SequenceGroup, events: List[TokenEvent]) -> None:
             out = []
             if state["first"]:
                 state["first"] = False
                 for i in range(params.n):
-                    out.append(f'data: {head}"choices":[{{"index":{i},"delta":{{"role":{dumps(role)}}},'
+                    out.append(f'data: {head}"choices":[{{"index":{i},"delta":{{"role":{dumps(role)}'
+                               f'{first_content}}},'
                                f'"logprobs":null,"finish_reason":null}}]{usage(0)}}}\n\n')
                 if req["echo"] and conversation and conversation[-1][0] == role and conversation[-1][1]:
                     for i in range(params.n):
@@ -619,14 +647,17 @@ class OpenAIApp:
             prefix = conversation[-1][1]
         choices = []
         for seq in group.seqs[:params.n]:
-            choices.append({"index": seq.index, "message": {"role": role, "content": prefix + seq.text,
-                                                             "tool_calls": []},
+            message: Dict[str, Any] = {"role": role, "content": prefix + seq.text, "tool_calls": []}
+            if not self.legacy:  # ChatMessage (v0.8.5.post1:vllm/entrypoints/openai/protocol.py:1323-1327)
+                message = {"role": role, "reasoning_content": None, "content": prefix + seq.text, "tool_calls": []}
+            choices.append({"index": seq.index, "message": message,
                             "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason})
         completion = sum(len(s.output_ids) for s in group.seqs[:params.n])
         body = {"id": request_id, "object": "chat.completion", "created": created,
                 "model": self.config.served_model_names[0], "choices": choices,
-                "usage": {"prompt_tokens": prompt_len, "total_tokens": prompt_len + completion,
-                          "completion_tokens": completion}}
+                "usage": self._usage(prompt_len, completion)}
+        if not self.legacy:
+            body["prompt_logprobs"] = None  # protocol.py:1364
         self._json(exchange, 200, body, extra)
         self.faults.on_complete()
 
@@ -712,7 +743,8 @@ class OpenAIApp:
                             remaining["usage"] = (prompt_len, event.num_output_tokens)
                         if continuous:
                             p, c = remaining["usage"]
-                            usage_text = f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}}}'
+                            usage_text = (f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}'
+                                          + ("}" if self.legacy else ',"prompt_tokens_details":null}'))
                     out.append(f'data: {head}"choices":[{{"index":{index},"text":{dumps(text)},"logprobs":null,'
                                f'"finish_reason":{dumps(event.finish_reason)},"stop_reason":'
                                f'{dumps(event.stop_reason)}}}]{usage_text}}}\n\n')
@@ -771,14 +803,16 @@ class OpenAIApp:
                 output = seq.text
                 if req["echo"]:
                     output = text if req["max_tokens"] == 0 else text + output
-                choices.append({"index": len(choices), "text": output, "logprobs": None,
-                                "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason})
+                choice: Dict[str, Any] = {"index": len(choices), "text": output, "logprobs": None,
+                                          "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}
+                if not self.legacy:
+                    choice["prompt_logprobs"] = None  # protocol.py:1207
+                choices.append(choice)
                 completion_tokens += len(seq.output_ids)
             prompt_tokens += count
         body = {"id": request_id, "object": "text_completion", "created": created,
                 "model": self.config.served_model_names[0], "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                          "completion_tokens": completion_tokens}}
+                "usage": self._usage(prompt_tokens, completion_tokens)}
         if req["stream"]:
             # n != best_of: 0.5.4 does not stream but answers with one event and [DONE]
             exchange.start_stream(200, SSE, extra)

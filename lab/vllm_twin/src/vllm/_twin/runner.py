@@ -150,7 +150,7 @@ class Runner:
         """The API server's do_log_stats every 10 s (also when idle)."""
         while not self.stopped:
             await asyncio.sleep(FORCE_LOG_INTERVAL_SECONDS)
-            if not self.engine.dead:
+            if not self.engine.dead and not self.stopped:
                 self._log(self.engine.snapshot_stats(time.monotonic()))
 
     def stop(self) -> None:

@@ -379,16 +379,20 @@ async def _shutdown_054(server: HttpServer, app: OpenAIApp, runner: Runner, work
 
 async def _shutdown_085(server: HttpServer, app: OpenAIApp, runner: Runner, workers: WorkerSet,
                         frontend_multiprocessing: bool, loop: asyncio.AbstractEventLoop) -> int:
-    """serve_http's cancellation, the engine client's exit, then uvicorn's shutdown (module docstring)."""
+    """0.8.5.post1's two ways out (module docstring): a dead engine ends uvicorn's main loop (its own shutdown,
+    then the engine's); a signal cancels the serve task (the engine's exit, then uvicorn's shutdown)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, lambda: None)  # the serve task is cancelled already
+        loop.add_signal_handler(signum, lambda: None)  # vLLM's handler only cancels the serve task again
     if app.engine_error_exit:
-        # the watchdog (or a 500) stopped uvicorn's main loop: its own shutdown, then the engine's
         stdout_log("INFO:     Shutting down")
         server.stop_listening()
-    else:
-        vlog.info("launcher.py:79", "Shutting down FastAPI HTTP server.")
-        server.stop_listening()
+        await _wait_for_connections(server)
+        stdout_log(f"INFO:     Finished server process [{os.getpid()}]")
+        workers.kill_all()
+        runner.stop()
+        return 0
+    vlog.info("launcher.py:79", "Shutting down FastAPI HTTP server.")
+    server.stop_listening()
     if frontend_multiprocessing:
         # engine_process.terminate() and mq_engine_client.close(): outputs are no longer delivered, open
         # requests stay open without an end
@@ -397,16 +401,18 @@ async def _shutdown_085(server: HttpServer, app: OpenAIApp, runner: Runner, work
         app.stall_all()
         vlog.sim("SIGTERM in the default mode: the engine process was terminated and its client closed, as in "
                  "vLLM 0.8.5.post1; open requests get nothing more until their clients close the connections")
-    if not app.engine_error_exit:
-        stdout_log("INFO:     Shutting down")
+    stdout_log("INFO:     Shutting down")
+    await _wait_for_connections(server)
+    return 0
+
+
+async def _wait_for_connections(server: HttpServer) -> None:
+    """uvicorn's shutdown after the listener closed: wait for every open request, then the lifespan."""
     if any(c.busy for c in server.connections):
         stdout_log("INFO:     Waiting for connections to close. (CTRL+C to force quit)")
     await server.wait_idle()
     stdout_log("INFO:     Waiting for application shutdown.")
     stdout_log("INFO:     Application shutdown complete.")
-    if app.engine_error_exit:
-        stdout_log(f"INFO:     Finished server process [{os.getpid()}]")
-    return 0
 
 
 def engine_errored_exit(app: OpenAIApp, stop: asyncio.Event) -> None:

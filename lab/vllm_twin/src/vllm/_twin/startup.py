@@ -484,8 +484,12 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                 vlog.warning(pick("custom_all_reduce.py:127", "custom_all_reduce.py:146"), "Custom allreduce is "
                              "disabled because your platform lacks GPU P2P capability or P2P test failed. To silence "
                              "this warning, specify disable_custom_all_reduce=True explicitly.", prefix)
+    forced_xformers = not release.legacy and environ.get("VLLM_ATTENTION_BACKEND") == "XFORMERS"
     for rank, gpu in enumerate(group):
         prefix = "" if rank == 0 else prefixes[rank - 1]
+        if forced_xformers:  # the selected backend is taken as it is (v0.8.5.post1:vllm/platforms/cuda.py:227-229)
+            vlog.info("cuda.py:228", "Using XFormers backend.", prefix)
+            continue
         if gpu.compute_capability[0] < 8:
             vlog.info(pick("selector.py:151", "cuda.py:240"), "Cannot use FlashAttention-2 backend for Volta and "
                       "Turing GPUs.", prefix)
