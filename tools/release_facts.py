@@ -304,6 +304,21 @@ def yaml_flow(value: Any, quote: bool = False) -> str:
     return json.dumps(value) if quote and isinstance(value, str) else yaml_scalar(value)
 
 
+def folded(lead: str, key: str, text: str) -> List[str]:
+    """`key: >-` and the words of `text` wrapped under it (YAML folds them back with single spaces)."""
+    width = LINE_LIMIT - len(lead) - 2
+    body = " " * (len(lead) + 2)
+    lines, current = [f"{lead}{key}: >-"], ""
+    for word in text.split(" "):
+        if current and len(current) + 1 + len(word) > width:
+            lines.append(body + current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    lines.append(body + current)
+    return lines
+
+
 def argument_lines(row: Dict[str, Any], indent: str = ITEM_INDENT) -> List[str]:
     """One `- {...}` line, or the block form when that line would pass LINE_LIMIT."""
     parts = [f"{key}: {yaml_flow(value, quote=(key == 'flags'))}" for key, value in row.items()]
@@ -317,6 +332,8 @@ def argument_lines(row: Dict[str, Any], indent: str = ITEM_INDENT) -> List[str]:
         if len(text) > LINE_LIMIT and isinstance(value, list):
             lines.append(f"{lead}{key}:")
             lines.extend(f"{indent}    - {yaml_scalar(v)}" for v in value)
+        elif len(text) > LINE_LIMIT and isinstance(value, str) and value == " ".join(value.split()):
+            lines.extend(folded(f"{indent}  ", key, value) if n else [f"{lead}{key}: {yaml_scalar(value)}"])
         else:
             lines.append(text)
     return lines
@@ -325,9 +342,9 @@ def argument_lines(row: Dict[str, Any], indent: str = ITEM_INDENT) -> List[str]:
 def cli_block(rows: List[Dict[str, Any]], source: str, summary: str) -> str:
     lines = [
         "    cli:",
-        f"      # {summary}",
+        *(f"      # {part}" for part in summary.split("; ")),
         "      complete: true",
-        f"      generated_from: {json.dumps(source)}",
+        *folded("      ", "generated_from", source),
         "      arguments:",
     ]
     for row in rows:

@@ -238,10 +238,10 @@ def write_lock(dest: Path, version: str, python: str) -> Path:
     """`bin/revive lock --wheelhouse ...` (module_utils/revive_lockgen.py lock_wheelhouse) for one release."""
     out = lock_path(dest, version, python)
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, str(REVIVE), "lock", "--wheelhouse", str(dest)]
+    argv = [sys.executable, str(REVIVE), "lock", "--wheelhouse", str(dest.resolve())]  # uv runs in a scratch directory
     for requirement in lock_requirements(version):
         argv += ["--requirement", requirement]
-    argv += ["--python", python, "--out", str(out)]
+    argv += ["--python", python, "--out", str(out.resolve())]
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(argv)}` failed (rc {done.returncode}):\n{(done.stderr or done.stdout).strip()}")

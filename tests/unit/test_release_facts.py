@@ -177,6 +177,9 @@ def local_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--tokenizer-pool-size", type=int, default=0,
                         help="This parameter is deprecated and will be removed in a future release. Remove it.")
+    parser.add_argument("--use-v2-block-manager", action="store_true", default=True,
+                        help="[DEPRECATED] block manager v1 has been removed and SelfAttnBlockSpaceManager (i.e. "
+                             "block manager v2) is now the default. Setting this flag to True or False has no effect.")
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     return parser
 
@@ -199,6 +202,9 @@ def test_dump_maps_types_actions_and_defaults(facts):
     assert rows["--tokenizer-pool-size"]["deprecated"] == ("This parameter is deprecated and will be removed in a "
                                                            "future release.")
     assert rows["-tp"]["flags"] == ["-tp", "--tensor-parallel-size"]
+    assert rows["--use-v2-block-manager"]["deprecated"] == (
+        "[DEPRECATED] block manager v1 has been removed and SelfAttnBlockSpaceManager (i.e. block manager v2) is now "
+        "the default.")
 
 
 def test_dump_refuses_a_type_it_cannot_map(facts):
@@ -224,9 +230,11 @@ def test_dump_makes_defaults_json_safe(facts):
 def test_cli_block_round_trips_through_yaml_and_the_loader(facts, repo):
     rows = facts.dump_actions(local_parser())
     block = facts.cli_block(rows, "x-1.0-py3-none-any.whl sha256 " + "0" * 64, "test")
-    assert all(len(line) <= facts.LINE_LIMIT for line in block.splitlines() if "generated_from" not in line)
+    assert all(len(line) <= facts.LINE_LIMIT for line in block.splitlines())
+    assert "deprecated: >-" in block  # the long [DEPRECATED] sentence is folded, not one long line
     loaded = yaml.safe_load(block)["cli"]
     assert loaded["complete"] is True and loaded["arguments"] == rows
+    assert loaded["generated_from"] == "x-1.0-py3-none-any.whl sha256 " + "0" * 64
     from ansible.module_utils.revive_releases import _load_argument
 
     arguments = [_load_argument(row, f"cli.arguments[{n}]") for n, row in enumerate(loaded["arguments"])]
@@ -289,3 +297,30 @@ def test_lock_hashes_reads_one_requirement(facts, tmp_path):
                     + "\n    # via -r in.txt\nxformers==0.1 \\\n    --hash=sha256:" + "c" * 64 + "\n")
     assert facts.lock_hashes(lock, "vllm", "1.0") == ["a" * 64, "b" * 64]
     assert facts.lock_hashes(lock, "vllm", "2.0") == []
+
+
+def test_merge_variants_keeps_what_every_process_accepts(facts):
+    def variant(env, choices, default):
+        return env, {"vllm": "1.0", "python": "3.10", "arguments": [
+            {"flags": ["--port"], "action": "store", "type": "int", "default": 8000},
+            {"flags": ["--guided-decoding-backend"], "action": "store", "type": "str", "default": default,
+             "choices": choices}]}
+
+    five, three = ["auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar"], ["auto", "guidance", "xgrammar"]
+    rows = facts.merge_variants([
+        variant({"PYTHONHASHSEED": "0"}, five, "auto"), variant({"PYTHONHASHSEED": "1"}, three, "auto"),
+        variant({"VLLM_USE_V1": "0", "PYTHONHASHSEED": "0"}, three, "xgrammar"),
+        variant({"VLLM_USE_V1": "0", "PYTHONHASHSEED": "1"}, five, "xgrammar")])
+    assert rows[0] == {"flags": ["--port"], "action": "store", "type": "int", "default": 8000}
+    assert rows[1] == {"flags": ["--guided-decoding-backend"], "action": "store", "type": "str", "default": "auto",
+                       "default_vllm_use_v1_0": "xgrammar", "choices": three,
+                       "choices_unstable": ["lm-format-enforcer", "outlines"]}
+
+
+def test_merge_variants_refuses_a_default_that_follows_the_hash_seed(facts):
+    def variant(seed, default):
+        return {"PYTHONHASHSEED": seed}, {"arguments": [{"flags": ["--x"], "action": "store", "type": "str",
+                                                         "default": default}]}
+
+    with pytest.raises(facts.FactsError, match="--x: its default changes with PYTHONHASHSEED"):
+        facts.merge_variants([variant("0", "a"), variant("1", "b")])

@@ -155,7 +155,8 @@ def test_unknown_or_invalid_arguments_exit_2(src, argv, message):
 
 # ----------------------------------------------------------------- the planner's argv, default mode
 
-def test_the_planners_argv_starts_with_per_instance_kv_and_metrics_in_the_default_mode(src, models, tmp_path):
+def test_the_planners_argv_starts_with_per_instance_kv_and_metrics_in_the_default_mode(src, models, release,
+                                                                                      tmp_path):
     facts = inspect_model(str(models["20b"]))
     plan = plan_release(lab_facts(V100), model_from_config(json.loads((models["20b"] / "config.json").read_text()),
                                                            str(models["20b"])),
@@ -200,6 +201,8 @@ def test_the_planners_argv_starts_with_per_instance_kv_and_metrics_in_the_defaul
     assert status == 200 and samples[("vllm:request_success_total", "length")] == 1.0
     assert ("vllm:num_requests_running", None) in samples and ("vllm:iteration_tokens_total_count", None) in samples
     assert not any(name.startswith(("python_", "process_", "vllm:avg_")) for name, _ in samples)
+    families = {line.split()[2] for line in metrics.decode().splitlines() if line.startswith("# TYPE ")}
+    assert set(release.metrics) <= families  # the release's `metrics:` of data/vllm-releases.yml
 
 
 # ------------------------------------------------------------------------------------ V1 on Volta
@@ -303,7 +306,8 @@ def test_a_dead_engine_ends_streams_with_an_error_and_stops_the_server(src, mode
         worker = int(re.findall(r"VllmWorkerProcess pid=(\d+)", twin.log())[0])
         os.kill(worker, signal.SIGKILL)
         thread.join(timeout=30)
-        assert twin.process.wait(timeout=20) == 0  # the watchdog stops the server (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset)
+        # the watchdog stops the server (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset)
+        assert twin.process.wait(timeout=20) == 0
         log = twin.log()
     finally:
         twin.stop(signal.SIGKILL)
@@ -340,3 +344,46 @@ def test_float_swap_space_request_log_and_085_response_shapes(src, models, tmp_p
     assert re.search(rf"\[logger\.py:39\] Received request {answer['id']}: prompt: .*bad_words=\[\]", log)
     assert f"[engine.py:310] Added request {answer['id']}." in log
     assert "Finished request" not in log  # the MQ engine does not log it
+
+
+def test_sigterm_while_the_engine_starts_interrupts_the_server(src, models, tmp_path):
+    # 39.7 GB at 650 MB/s is 61 s of load; at a time scale of 0.2, 12 s: the signal arrives during the load
+    env = harness.twin_env(tmp_path, time_scale=0.2, src=src)
+    twin = harness.start(models["20b"], ["-tp", "8", "--dtype", "half"], env, tmp_path / "twin.log", wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while "Starting to load model" not in twin.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        twin.process.send_signal(signal.SIGTERM)
+        assert twin.process.wait(timeout=20) == -signal.SIGINT  # Python re-raises an unhandled KeyboardInterrupt
+        log = twin.log()
+    finally:
+        twin.stop(signal.SIGKILL)
+    assert log.rstrip().splitlines()[-1] == "KeyboardInterrupt: terminated"
+
+
+def test_in_process_mode_serves_the_default_registry_and_finishes_streams_on_sigterm(src, models, tmp_path):
+    twin = start(src, models["7b"], ["--dtype", "half", "--max-model-len", "4096", "--enforce-eager",
+                                     "--disable-frontend-multiprocessing"], tmp_path, time_scale=0.05)
+    body = {"model": twin.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+            "ignore_eos": True, "stream": True}
+    try:
+        _, _, metrics = harness.request(twin, "GET", "/metrics")
+        thread, result = _stream_in_thread(twin, body, timeout=30)
+        deadline = time.monotonic() + 30
+        while "Added request chatcmpl-" not in twin.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        twin.process.send_signal(signal.SIGTERM)
+        thread.join(timeout=30)
+        assert twin.process.wait(timeout=30) == 0
+        log = twin.log()
+    finally:
+        twin.stop(signal.SIGKILL)
+    names = {name for name, _, _ in harness.iter_metrics(metrics.decode())}
+    # the default registry: its collectors, and every vllm:* family before its first series
+    assert "python_gc_objects_collected_total" in names
+    assert "# TYPE vllm:num_requests_running gauge" in metrics.decode()
+    stream = result["r"]
+    assert stream.complete and stream.events[-1] == "[DONE]"
+    assert stream.chunks()[-1]["choices"][0]["finish_reason"] == "length"
+    assert "Started engine process" not in log and "[async_llm_engine.py:211] Added request" in log

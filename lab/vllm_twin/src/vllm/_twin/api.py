@@ -12,6 +12,11 @@ serving_completion.py, serving_engine.py and protocol.py (reference/vllm-0.5.4-a
 * /health (empty 200; 500 once the engine is dead), /v1/models, /version, /metrics, /tokenize,
   /detokenize.
 Logprobs are not simulated: requests asking for them get `"logprobs": null`.
+
+0.8.5.post1 (vllm/_twin/release.py) differs where the lab can see it: `chatcmpl-` ids, the fields its
+protocol.py added (reasoning_content, prompt_logprobs, usage.prompt_tokens_details), a first chat delta with
+`"content": ""`, its request log, /ping and /load, and a dead engine ending streams with an error event
+and [DONE] instead of cutting them (each cited at the code).
 """
 from __future__ import annotations
 
@@ -187,7 +192,7 @@ class OpenAIApp:
 
     def _server_error(self, exchange: Exchange, extra) -> None:
         """500 for a request of a dead engine: FastAPI's text in 0.5.4; 0.8.5.post1's exception handler
-        answers an empty 500 and stops the server (v0.8.5.post1:vllm/entrypoints/launcher.py:111-142)."""
+        answers an empty 500 and stops the server (v0.8.5.post1:vllm/entrypoints/launcher.py:111-146)."""
         if self.legacy:
             exchange.respond(500, b"Internal Server Error", TEXT, extra)
             return
@@ -743,7 +748,8 @@ class OpenAIApp:
                             remaining["usage"] = (prompt_len, event.num_output_tokens)
                         if continuous:
                             p, c = remaining["usage"]
-                            usage_text = (f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}'
+                            usage_text = (f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},'
+                                          f'"completion_tokens":{c}'
                                           + ("}" if self.legacy else ',"prompt_tokens_details":null}'))
                     out.append(f'data: {head}"choices":[{{"index":{index},"text":{dumps(text)},"logprobs":null,'
                                f'"finish_reason":{dumps(event.finish_reason)},"stop_reason":'

@@ -9,7 +9,7 @@ API server), histograms at their first observation. `_created` series are disabl
 holds only the python_*/process_* collectors, so no vllm:* series is served; with
 --disable-frontend-multiprocessing they are. --disable-log-stats removes them too.
 
-0.8.5.post1 (families "0.8.5"): the V0 metrics of v0.8.5.post1:vllm/engine/metrics.py:52-297 that are not
+0.8.5.post1 (families "0.8.5"): the V0 metrics of v0.8.5.post1:vllm/engine/metrics.py:49-297 that are not
 hidden (the swapped/CPU-cache/prefix-hit-rate gauges and vllm:time_in_queue_requests need
 --show-hidden-metrics-for-version), new TTFT/TPOT buckets, the request phase histograms, no best_of and no
 avg_* throughput gauges, and vllm:cache_config_info with CacheConfig's fields (:698-708). In the default

@@ -71,7 +71,8 @@ ROUTES_085 = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oa
               ("/metrics", "GET")]
 RPC_TIMEOUT_MS = 10000        # VLLM_RPC_TIMEOUT's default (v0.8.5.post1:vllm/envs.py:488-489)
 WATCHDOG_SECONDS = 5.0        # VLLM_WATCHDOG_TIME_S (v0.8.5.post1:vllm/entrypoints/launcher.py:85-94)
-CYAN, RESET = "\033[1;36m", "\033[0;0m"  # the worker prefix's colours (v0.8.5.post1:vllm/executor/multiproc_worker_utils.py:28-29)
+# the worker prefix's colours (v0.8.5.post1:vllm/executor/multiproc_worker_utils.py:28-29)
+CYAN, RESET = "\033[1;36m", "\033[0;0m"
 
 
 def _print_failure(failure: startup.StartupFailure, child: bool) -> None:
@@ -173,6 +174,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 _print_failure(raised, child=False)
             return 1
 
+        def terminated(*_) -> None:
+            # a signal while the engine starts interrupts the server (api_server.py:1072-1076): the
+            # KeyboardInterrupt's traceback, then Python ends the process with SIGINT
+            raise KeyboardInterrupt("terminated")
+
+        signal.signal(signal.SIGTERM, terminated)
+
     try:
         facts = startup.inspect_model_dir(args.model)
     except startup.StartupFailure as failure:
@@ -200,8 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     def engine_started() -> None:
         engine_started_at.append(time.monotonic())
         if frontend_multiprocessing and not release.legacy:
-            # the twin's engine runs in this process: the PID named is the API process's own
             vlog.info("api_server.py:246", f"Started engine process with PID {os.getpid()}")
+            vlog.sim("the simulated engine runs inside the API process; the PID above is the API process's own")
 
     try:
         setup = startup.build_engine(args, facts, environ, settings, wait, spawn_workers, engine_started)
@@ -247,7 +255,8 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     api_key = os.environ.get("VLLM_API_KEY") or args.api_key
     if isinstance(api_key, list):  # releases whose --api-key takes several keys
         api_key = api_key[0] if api_key else None
-    serves_vllm_metrics = not (frontend_multiprocessing and release.behaviour.metrics_need_disable_frontend_multiprocessing)
+    needs_in_process = release.behaviour.metrics_need_disable_frontend_multiprocessing
+    serves_vllm_metrics = not (frontend_multiprocessing and needs_in_process)
     config = ApiConfig(
         served_model_names=setup.served_model_names, max_model_len=setup.max_model_len,
         response_role=args.response_role or "assistant", api_key=api_key, root_path=args.root_path or "",

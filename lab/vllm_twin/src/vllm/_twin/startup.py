@@ -14,6 +14,11 @@ Sources (reference/vllm-0.5.4-and-volta.md and the 0.5.4 code it cites):
   no room left means torch's OOM, as in the field notes' first attempt.
 Times (process start, NCCL, weight load proportional to bytes, profiling, capture) come from perf.py
 and pass through `wait`, which applies the time scale.
+
+0.8.5.post1 (vllm/_twin/release.py) keeps the same checks with its own messages and source locations
+(cited at each), builds the configuration in the API process (its failures end that process; the V0/V1
+choice of arg_utils.py happens there), and sizes the KV cache with revive_kv's `v0-per-instance` family
+(PR #10511), logging the worker's memory-profiling summary, `# cuda blocks` and the maximum concurrency.
 """
 from __future__ import annotations
 
@@ -349,12 +354,21 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
 
 
 def discover_gpus(environ: Dict[str, str]):
+    if not current().legacy and environ.get("CUDA_VISIBLE_DEVICES") == "":
+        # the platform maps device 0 through CUDA_VISIBLE_DEVICES (v0.8.5.post1:vllm/platforms/cuda.py:37-48)
+        raise StartupFailure("RuntimeError", "CUDA_VISIBLE_DEVICES is set to empty string, which means GPU support "
+                             "is disabled. If you are using ray, please unset the environment variable "
+                             "`CUDA_VISIBLE_DEVICES` inside the worker/actor. Check "
+                             "https://github.com/vllm-project/vllm/issues/8402 for more information.")
     try:
-        return gpu_mod.discover(environ)
+        visible, pynvml = gpu_mod.discover(environ)
     except gpu_mod.NoGpuError as exc:
         raise StartupFailure("RuntimeError", pick(
             str(exc), "Failed to infer device type, please set the environment variable `VLLM_LOGGING_LEVEL=DEBUG` "
             "to turn on verbose logging to help debug the issue.")) from None
+    if not visible and not current().legacy:
+        raise StartupFailure("RuntimeError", "No CUDA GPUs are available")
+    return visible, pynvml
 
 
 def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> str:
@@ -679,7 +693,7 @@ def wait_for_placement_group(world: int, wait: Callable[[float], None]) -> None:
         wait(interval)
         elapsed += interval
         interval *= 2
-        vlog.info("ray_utils.py:232", f"Waiting for creating a placement group of specs for {int(elapsed)} seconds. "
+        vlog.info("ray_utils.py:233", f"Waiting for creating a placement group of specs for {int(elapsed)} seconds. "
                   f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have enough resources, and "
                   "make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment variable "
                   "specified in each node if you are running on a multi-node.")
