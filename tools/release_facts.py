@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import base64
 import enum
-import hashlib
 import json
 import os
 import re
