@@ -158,7 +158,7 @@ def test_venv_spec_checks_the_interpreter_against_the_python_pin(repo, tmp_path,
             state: venv_spec
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
             python: {debian}
-        - name: Spec on a Python newer than 0.5.4 supports
+        - name: Spec on a Python newer than 0.8.5.post1 supports
           vllm_release:
             state: venv_spec
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
@@ -166,10 +166,10 @@ def test_venv_spec_checks_the_interpreter_against_the_python_pin(repo, tmp_path,
           ignore_errors: true
         """)
     spec, refused = results
-    assert spec["packages"] == ["torch==2.4.0", "vllm==0.5.4", "xformers==0.0.27.post2"]
-    assert (spec["python_version"], spec["flash_attention_excluded"]) == ("3.11.2", True)
-    assert spec["name"].startswith("0.5.4-") and len(spec["name"]) == 14
-    assert spec["notes"][0].startswith("vllm-flash-attn==2.6.1 left out")
+    assert spec["packages"] == ["torch==2.6.0", "vllm==0.8.5.post1", "xformers==0.0.29.post2"]
+    assert (spec["python_version"], spec["python_minor"], spec["flash_attention_excluded"]) == ("3.11.2", "3.11", True)
+    assert spec["name"].startswith("0.8.5.post1-") and len(spec["name"]) == len("0.8.5.post1-") + 8
+    assert spec["notes"] == []  # 0.8.5.post1 pins no FlashAttention package (0.5.4's vllm-flash-attn: test_release.py)
     assert refused["failed"] is True
-    assert refused["msg"] == (f"vLLM 0.5.4 needs Python >=3.8,<3.13; {too_new} on {os.uname().nodename} is 3.13.0. "
-                              "Set vllm_runtime_python to a matching interpreter")
+    assert refused["msg"] == (f"vLLM 0.8.5.post1 needs Python >=3.9,<3.13; {too_new} on {os.uname().nodename} is "
+                              "3.13.0. Set vllm_runtime_python to a matching interpreter")

@@ -71,7 +71,7 @@ def test_the_unit_runs_the_plans_argv_with_its_environment_pinning_and_limits(re
     assert f'Environment={" ".join(replica["environment"])}' in lines
     assert '"CUDA_VISIBLE_DEVICES=4,5,6,7"' in replica["environment"]
     for expected in ("CPUAffinity=20-39,60-79", "NUMAPolicy=bind", "NUMAMask=1", "KillMode=mixed",
-                     "TimeoutStopSec=60", "Restart=on-failure", "RestartSec=10", "StartLimitBurst=3",
+                     "TimeoutStopSec=60", "Restart=always", "RestartSec=10", "StartLimitBurst=3",
                      f"StartLimitIntervalSec={replica['start_limit_interval_seconds']}",
                      f"TimeoutStartSec={replica['start_timeout_seconds']}", "LimitNOFILE=65536",
                      "EnvironmentFile=/etc/vllm/vllm.env", "User=vllm", "Group=vllm", "NoNewPrivileges=yes",

@@ -88,8 +88,9 @@ def test_each_release_gets_its_twin_wheel_with_its_release_file_and_pins():
     assert requires == ["torch==2.6.0+sim", "xformers==0.0.29.post2+sim", "nvidia-ml-py==13.615.71"]
     assert (release["release"], release["version"], release["behaviour"]["parser"]) == (
         "0.8.5.post1", "0.8.5.post1+sim", "table")
-    table = build_wheelhouse.table_arguments(build_wheelhouse.release_entry("0.8.5.post1"))
-    assert release["cli"]["arguments"] == table
+    entry = build_wheelhouse.release_entry("0.8.5.post1")
+    assert release["cli"]["arguments"] == build_wheelhouse.table_arguments(entry)
+    assert release["behaviour"]["quantization_min_cc"] == entry.quantization_min_cc
     with zipfile.ZipFile(io.BytesIO(build_wheelhouse.twin_wheel()[1])) as wheel:
         old = json.loads(wheel.read("vllm/_twin/release.json"))
     assert (old["release"], old["behaviour"]["parser"], old["cli"]["arguments"]) == ("0.5.4", "handwritten", [])

@@ -19,7 +19,7 @@ def test_the_handover_report_is_passed_settled_and_simulated_for_the_release_the
         assert entry["passed"], entry["message"]
         assert entry["release"]["id"] == record["current"]["id"]
         assert entry["simulation"] == {"vllm": True, "gpus": True, "time_scale": 0.1}
-        assert entry["vllm_version"] == "0.5.4+sim"
+        assert entry["vllm_version"] == "0.8.5.post1+sim"
         warm = entry["warmup"]
         assert warm["settled"] and 20 <= warm["requests_sent"] <= 60
         assert len(warm["answers"]) == warm["requests_sent"]

@@ -43,7 +43,7 @@ def test_plan_file_holds_the_planned_release_with_the_production_shape(host):
     assert plan["model"] == {"name": "tiny-chat", "revision": "rev1",
                              "source": "model_store:/srv/models/tiny-chat/rev1"}
     assert (plan["refused"], plan["refusal"]) == (False, None)
-    assert release["vllm_version"] == "0.5.4"
+    assert release["vllm_version"] == "0.8.5.post1"
     assert [r["cuda_visible_devices"] for r in release["replicas"]] == ["0,1,2,3", "4,5,6,7"]
     args = release["args"]
     assert args[args.index("--model") + 1] == "/data/models/tiny-chat/rev1"
@@ -64,7 +64,7 @@ def test_probe_venv_is_complete_with_the_pinned_nvidia_ml_py(host):
 def test_summary_lists_the_healthy_nodes_as_fit_with_their_release(node):
     line = summary()["hosts"][node]
     assert (line["status"], line["reasons"], line["unfit_checks"]) == ("fit", [], [])
-    assert line["release"] == "vLLM 0.5.4, 2 x TP 4 (GPUs 0,1,2,3 | 4,5,6,7)"
+    assert line["release"] == "vLLM 0.8.5.post1, 2 x TP 4 (GPUs 0,1,2,3 | 4,5,6,7)"
 
 
 def test_summary_quarantines_the_degraded_node_for_four_distinct_reasons():

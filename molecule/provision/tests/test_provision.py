@@ -63,7 +63,7 @@ def test_one_active_unit_per_planned_replica(host, plan):
 
 def test_each_replica_runs_the_plans_argv_exactly_from_the_release_venv(host, plan, record):
     venv = record["current"]["venv"]
-    assert venv.startswith("/opt/vllm/venvs/0.5.4-")
+    assert venv.startswith("/opt/vllm/venvs/0.8.5.post1-")
     for replica in plan["replicas"]:
         expected = [f"{venv}/bin/python"] + plan["entrypoint"] + replica["args"]
         assert main_pid_argv(host, f"{replica['name']}.service") == expected
@@ -85,9 +85,21 @@ def test_the_venv_holds_the_pins_without_flash_attention(host, record):
     python = record["current"]["python"]
     listed = host.check_output(f"{python} -m pip list --format=json --disable-pip-version-check")
     versions = {item["name"].lower(): item["version"] for item in json.loads(listed)}
-    assert (versions["vllm"], versions["torch"], versions["xformers"]) == ("0.5.4+sim", "2.4.0+sim", "0.0.27.post2+sim")
+    assert (versions["vllm"], versions["torch"], versions["xformers"]) == ("0.8.5.post1+sim", "2.6.0+sim",
+                                                                           "0.0.29.post2+sim")
     assert "flash-attn" not in versions
-    assert host.check_output(f"{python} -c 'import vllm; print(vllm.__version__)'") == "0.5.4+sim"
+    assert host.check_output(f"{python} -c 'import vllm; print(vllm.__version__)'") == "0.8.5.post1+sim"
+
+
+def test_the_venv_holds_exactly_its_lock(host, record):
+    """pip installed the lab lock and nothing else: every distribution in the venv (pip's own aside) is locked."""
+    python = record["current"]["python"]
+    listed = host.check_output(f"{python} -m pip list --format=json --disable-pip-version-check")
+    installed = {item["name"].lower().replace("_", "-") for item in json.loads(listed)} - {"pip", "setuptools"}
+    lock = host.file("/var/cache/revive/locks/vllm-0.8.5.post1-py3.11.txt").content_string
+    locked = {line.split("==")[0].lower().replace("_", "-") for line in lock.splitlines() if "==" in line
+              and not line.startswith((" ", "#"))}
+    assert installed == locked
 
 
 def test_the_promoted_model_is_byte_identical_to_the_source(host, plan):
@@ -139,7 +151,7 @@ def test_units_stop_the_api_server_first_and_start_means_serving(host):
         shown = dict(line.split("=", 1) for line in host.check_output(
             f"systemctl show {unit} -p KillMode -p Restart -p NoNewPrivileges -p ProtectSystem -p DevicePolicy "
             "-p User -p LimitNOFILE -p StartLimitBurst").splitlines())
-        assert shown == {"KillMode": "mixed", "Restart": "on-failure", "NoNewPrivileges": "yes",
+        assert shown == {"KillMode": "mixed", "Restart": "always", "NoNewPrivileges": "yes",
                          "ProtectSystem": "strict", "DevicePolicy": "closed", "User": "vllm", "LimitNOFILE": "65536",
                          "StartLimitBurst": "3"}
         assert "vllm-wait-healthy --port" in host.check_output(f"systemctl show -p ExecStartPost {unit}")

@@ -13,7 +13,7 @@ data/vllm-releases.yml the build checks that the two agree (build_wheelhouse.che
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, TypeVar
 
@@ -59,7 +59,8 @@ class Behaviour:
     chat_id_prefix: str
     # PagedAttention head sizes of the xFormers backend on CC < 8.0.
     paged_attention_head_sizes: Tuple[int, ...]
-    # get_min_capability() x 10 per quantization method.
+    # get_min_capability() x 10 per quantization method. A built wheel takes the release's table from
+    # data/vllm-releases.yml (generated from the real wheel); the values here are the checkout's.
     quantization_min_cc: Dict[str, int] = field(default_factory=dict)
 
 
@@ -80,10 +81,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chatcmpl-",
         # v0.8.5.post1:vllm/attention/ops/paged_attn.py:38-39 (get_supported_head_sizes)
         paged_attention_head_sizes=(32, 64, 80, 96, 112, 120, 128, 192, 256),
-        quantization_min_cc={
-            "gptq": 60, "awq": 75, "gptq_marlin": 80, "awq_marlin": 80, "marlin": 80, "gptq_marlin_24": 80,
-            "fp8": 80, "fbgemm_fp8": 80, "qqq": 80, "experts_int8": 80, "bitsandbytes": 70,
-            "compressed-tensors": 70, "gguf": 60, "aqlm": 60, "deepspeedfp": 60}),
+        quantization_min_cc={}),  # its wheel carries the release's table of data/vllm-releases.yml
 }
 
 # The upstream commit each release was built from (what `vllm.__commit__` says). 0.5.4: its wheel's
@@ -118,10 +116,12 @@ class Release:
 
 
 def make(release: str, arguments: Optional[List[Dict[str, Any]]] = None, cli_complete: bool = False,
-         metrics: Optional[List[str]] = None) -> Release:
+         metrics: Optional[List[str]] = None, quantization_min_cc: Optional[Dict[str, int]] = None) -> Release:
     if release not in BEHAVIOURS:
         raise ValueError(f"the twin simulates {', '.join(BEHAVIOURS)}, not {release}")
     behaviour = BEHAVIOURS[release]
+    if quantization_min_cc is not None:
+        behaviour = replace(behaviour, quantization_min_cc=dict(quantization_min_cc))
     if behaviour.parser == "table" and not arguments:
         raise ValueError(f"{release}: its parser is built from the CLI table, and none was given")
     return Release(release=release, version=f"{release}+sim", commit=COMMITS[release], behaviour=behaviour,
