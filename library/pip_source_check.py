@@ -181,14 +181,8 @@ files:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_venv import SOURCE_ARGUMENT_SPEC as SOURCE_SPEC
 from ansible.module_utils.revive_wheelsource import WheelSourceError, check_source, http_for, prepare
-
-SOURCE_SPEC = {
-    "type": {"type": "str", "choices": ["index", "mirror", "wheelhouse"], "default": "index"},
-    "index_url": {"type": "str"},
-    "trusted_host": {"type": "str"},
-    "wheelhouse": {"type": "path"},
-}
 
 
 def main() -> None:

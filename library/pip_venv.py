@@ -180,14 +180,8 @@ local_label:
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_venv import SOURCE_ARGUMENT_SPEC as SOURCE_SPEC
 from ansible.module_utils.revive_venv import VenvError, VenvSpec, ensure_venv, source_from_params
-
-SOURCE_SPEC = {
-    "type": {"type": "str", "choices": ["index", "mirror", "wheelhouse"], "default": "index"},
-    "index_url": {"type": "str"},
-    "trusted_host": {"type": "str"},
-    "wheelhouse": {"type": "path"},
-}
 
 
 def main() -> None:

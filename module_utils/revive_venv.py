@@ -192,6 +192,15 @@ class Source:
         return f"{self.type} {self.index_url or PUBLIC_INDEX}"
 
 
+# The `source` option of every module that reads packages (pip_venv, pip_source_check, wheel_cache).
+SOURCE_ARGUMENT_SPEC = {
+    "type": {"type": "str", "choices": list(SOURCE_TYPES), "default": "index"},
+    "index_url": {"type": "str"},
+    "trusted_host": {"type": "str"},
+    "wheelhouse": {"type": "path"},
+}
+
+
 def source_from_params(params: Optional[dict]) -> Source:
     params = dict(params or {})
     kind = params.get("type") or "index"

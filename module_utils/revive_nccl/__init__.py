@@ -68,7 +68,7 @@ from ansible.module_utils.revive_nccl.worker import WORKER_SOURCE  # noqa: F401 
 
 __all__ = ["DEFAULT_SIZES", "WORKER_SOURCE", "CheckSpec", "Deps", "NcclCheckError", "Placement", "RunPlan",
            "alternative", "busbw_factor", "check", "compare_runs", "describe", "execute", "human_size",
-           "parse_lspci_acs", "parse_size", "placement", "planned_disables", "read_topology", "replica_runs",
+           "parse_lspci_acs", "parse_size", "pcie_only", "placement", "planned_disables", "read_topology", "replica_runs",
            "run_env", "validate_replica"]
 
 
@@ -114,9 +114,20 @@ def _bus_ids(replica: Dict[str, Any], gpu: Optional[Dict[str, Any]]) -> Dict[int
     return {int(g): by_index.get(int(g)) for g in replica.get("gpus") or []}
 
 
+def pcie_only(replica: Dict[str, Any], gpu: Optional[Dict[str, Any]]) -> bool:
+    """No NVLink between any two GPUs of the replica (the probe's topology matrix when given, else the plan's)."""
+    if replica.get("nvlink"):
+        return False
+    matrix = ((gpu or {}).get("topology") or {}).get("matrix")
+    members = [int(g) for g in replica.get("gpus") or []]
+    if not matrix or max(members, default=0) >= len(matrix):
+        return True
+    return not any(str(matrix[a][b]).startswith("NV") for a in members for b in members if a != b)
+
+
 def _topology_for(replica: Dict[str, Any], spec: CheckSpec, gpu: Optional[Dict[str, Any]], deps: Deps,
                   lspci_cache: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    if len(replica.get("gpus") or []) < 2 or replica.get("nvlink"):
+    if len(replica.get("gpus") or []) < 2 or not pcie_only(replica, gpu):
         return None
     if spec.simulated:
         return {"notes": ["simulated GPUs: this host's PCIe is not the planned server's; ACS/IOMMU not read"]}

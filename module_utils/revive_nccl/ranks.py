@@ -216,16 +216,20 @@ def execute(run: RunPlan, spec: CheckSpec, place: Placement, directory: str, dep
         out["reason"] = f"could not start rank {len(procs)} ({' '.join(run.argv[len(procs)][:3])} ...): {error}"
         out["duration_s"] = round(deps.now() - started, 3)
         return out
-    deadline, first_failure, killed = started + spec.timeout_s, None, None
+    # Grace: once a rank failed (the others would wait for it) or every rank reported (only teardown is left),
+    # the rest get GRACE_S to exit on their own before they are killed.
+    deadline, grace, killed = started + spec.timeout_s, None, None
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             break
         now = deps.now()
-        if first_failure is None and any(c not in (None, 0) for c in codes):
-            first_failure = now
-        if first_failure is not None and now - first_failure > GRACE_S:
-            killed = "failure"
+        if grace is None and any(c not in (None, 0) for c in codes):
+            grace = (now, "failure")
+        elif grace is None and all(os.path.exists(path) for path in results_paths):
+            grace = (now, "teardown")
+        if grace is not None and now - grace[0] > GRACE_S:
+            killed = grace[1]
         elif now > deadline:
             killed = "deadline"
         if killed:
@@ -237,13 +241,16 @@ def execute(run: RunPlan, spec: CheckSpec, place: Placement, directory: str, dep
     for rank, proc in enumerate(procs):
         result = json.loads(_read(results_paths[rank]) or "null") or {}
         ranks.append(dict(result, rank=rank, pid=proc.pid, rc=proc.returncode,
-                          phase=result.get("phase") or _phase_from_log(logs[rank]) or "start"))
+                          phase=_phase_from_log(logs[rank]) or result.get("phase") or "start"))
     out["ranks"] = [{k: r.get(k) for k in ("rank", "pid", "rc", "phase", "affinity", "device", "error")} for r in ranks]
     out["versions"] = ranks[0].get("versions") or {}
     channels = set()
     for log in logs:
         channels.update(_CHANNEL.findall(_read(log) or ""))
     out["transports"] = sorted(channels)
+    if killed == "teardown" and all(r.get("ok") for r in ranks):
+        out["notes"] = [f"every rank reported, then destroy_process_group did not return within {GRACE_S:g} s: "
+                        f"rank(s) {[r['rank'] for r in ranks if r['rc'] == -signal.SIGKILL]} killed in teardown"]
     out["reason"] = _failure(run, spec, place, ranks, killed, expected_bus_ids)
     if out["reason"] is None:
         out["ok"] = True

@@ -27,6 +27,7 @@ def main():
         import torch.distributed as dist
         result["versions"] = {"torch": torch.__version__, "python": "%d.%d.%d" % sys.version_info[:3]}
         if spec["backend"] == "nccl":
+            phase("device")
             local = spec["devices"][rank]
             torch.cuda.set_device(local)
             device = torch.device("cuda", local)
@@ -65,18 +66,29 @@ def main():
             sync()
             result["sizes"].append({"bytes": size, "time_s": (time.perf_counter() - start) / spec["iterations"]})
             del buf
+        # Every rank finishes its last all-reduce before any tears down: a rank that destroys its group while a
+        # peer still waits for its last sends hangs that peer (seen with gloo, 1 run in 4 without this).
+        phase("barrier")
+        dist.all_reduce(line_up)
+        sync()
+        result["ok"] = True
+        write(spec, rank, result)   # the measurement is complete; teardown is not part of it
         phase("destroy")
         dist.destroy_process_group()
-        result["ok"] = True
         phase("done")
     except BaseException as error:  # noqa: B902 - everything goes into the result
-        result["error"] = ("%s: %s" % (type(error).__name__, str(error).strip()))[:2000]
+        key = "teardown_error" if result["ok"] else "error"
+        result[key] = ("%s: %s" % (type(error).__name__, str(error).strip()))[:2000]
         result["traceback"] = traceback.format_exc().splitlines()[-12:]
+    write(spec, rank, result)
+    return 0 if result["ok"] else 1
+
+
+def write(spec, rank, result):
     path = spec["result_paths"][rank]
     with open(path + ".tmp", "w") as handle:
         json.dump(result, handle)
     os.replace(path + ".tmp", path)
-    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
