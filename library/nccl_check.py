@@ -190,7 +190,7 @@ replicas:
       type: dict
     compare:
       description: The flipped run (as C(run)) plus verdict (confirmed, contradicted, no_difference,
-        alternative_failed, both_failed) and message; null without O(compare).
+        alternative_failed, both_failed, no_peers) and message; null without O(compare).
       type: dict
     topology:
       description: "On replicas without NVLink - gpus (index, pci_bus_id, upstream bridges, iommu_group), bridges

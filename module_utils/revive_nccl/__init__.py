@@ -1,6 +1,6 @@
 """NCCL check: run a short all-reduce sweep per planned replica, with the environment its unit will have.
 
-Why (issue #18; docs/field-notes.md): the planner derives NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 from the
+Why (issue #18, the field notes): the planner derives NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 from the
 PCIe topology (revive_plan._nccl_env) and nothing proved it. On the notes' box 8-way TP hung at "connecting
 to ..." until P2P was disabled; on NVLink the same variables halve TP throughput. This module proves the
 plan on the node before the units switch. Used by library/nccl_check.py and tests/device/check_nccl.py; runs
@@ -68,8 +68,8 @@ from ansible.module_utils.revive_nccl.worker import WORKER_SOURCE  # noqa: F401 
 
 __all__ = ["DEFAULT_SIZES", "WORKER_SOURCE", "CheckSpec", "Deps", "NcclCheckError", "Placement", "RunPlan",
            "alternative", "busbw_factor", "check", "compare_runs", "describe", "execute", "human_size",
-           "parse_lspci_acs", "parse_size", "pcie_only", "placement", "planned_disables", "read_topology", "replica_runs",
-           "run_env", "validate_replica"]
+           "parse_lspci_acs", "parse_size", "pcie_only", "placement", "planned_disables", "read_topology",
+           "replica_runs", "run_env", "validate_replica"]
 
 
 def compare_runs(replica: Dict[str, Any], planned: Dict[str, Any], other: Dict[str, Any],
@@ -91,6 +91,9 @@ def compare_runs(replica: Dict[str, Any], planned: Dict[str, Any], other: Dict[s
                     "this node agrees", False)
         return ("alternative_failed", f"{other['description']} the all-reduce failed ({other['reason']}); the planned "
                 "run passed", False)
+    if len(replica.get("gpus") or []) < 2:
+        return ("no_peers", "world size 1: no rank to exchange data with, so P2P/SHM carry nothing and the figures "
+                "measure a kernel launch (both runs passed)", False)
     common = {row["bytes"]: row for row in other["sizes"]}
     row = max((r for r in planned["sizes"] if r["bytes"] in common), key=lambda r: r["bytes"])
     alt = common[row["bytes"]]

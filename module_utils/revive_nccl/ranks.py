@@ -193,7 +193,8 @@ def execute(run: RunPlan, spec: CheckSpec, place: Placement, directory: str, dep
     logs = [os.path.join(directory, f"rank-{rank}.log") for rank in range(n)]
     spec_path = os.path.join(directory, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as handle:
-        json.dump({"world_size": n, "backend": spec.backend, "init_method": "file://" + os.path.join(directory, "store"),
+        json.dump({"world_size": n, "backend": spec.backend,
+                   "init_method": "file://" + os.path.join(directory, "store"),
                    "sizes": list(spec.sizes), "iterations": spec.iterations, "warmup": spec.warmup,
                    "timeout_s": spec.timeout_s, "devices": list(range(n)), "result_paths": results_paths,
                    "seen_prefixes": list(SEEN_PREFIXES)}, handle)

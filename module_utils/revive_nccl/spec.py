@@ -23,13 +23,13 @@ LOG_LINES = 30
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"   # systemd's default PATH
 PLANNER_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE")
 SEEN_PREFIXES = ("NCCL_", "CUDA_")
-ACS_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs"
+ACS_DOC = ("https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
+           "#pci-access-control-services-acs")
 BACKENDS = ("nccl", "gloo")
 
 
 class NcclCheckError(Exception):
     """The check cannot run as asked (bad parameters or plan): the module fails before starting anything."""
-
 
 
 # --- parameters -------------------------------------------------------------------------------------------

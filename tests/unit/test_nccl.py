@@ -150,6 +150,13 @@ def test_compare_verdicts(disables, planned, other, verdict, warn, phrase):
     assert (got_verdict, got_warn) == (verdict, warn) and phrase in message
 
 
+def test_compare_on_one_gpu_says_there_is_nothing_to_compare():
+    # On one H200 (tests/device/results) both runs time a ~16 us launch: 1 MiB to 256 MiB "at" 64 GB/s to 14 TB/s.
+    verdict, message, warn = compare_runs(replica(gpus=(0,), disables=False), run_result(True, 0.0),
+                                          run_result(True, 0.0), 0.1)
+    assert (verdict, warn) == ("no_peers", False) and message.startswith("world size 1: no rank to exchange data")
+
+
 LSPCI = """\
 0000:00:03.0 PCI bridge: Intel Corporation Xeon E7 v4/Xeon E5 v4/Xeon E3 v4/Xeon D PCI Express Root Port 3 (rev 01)
 \tControl: I/O+ Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR- FastB2B- DisINTx+
