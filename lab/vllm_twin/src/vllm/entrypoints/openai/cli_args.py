@@ -1,4 +1,4 @@
-"""Front-end arguments of vLLM 0.5.4's OpenAI server (reference/vllm-0.5.4-and-volta.md §2.1 rows 1-20, 99).
+"""Front-end arguments of vLLM 0.5.4's OpenAI server (as v0.5.4:vllm/entrypoints/openai/cli_args.py builds them).
 
 `build_parser` gives the parser of the release the twin was built for: this hand-written one for 0.5.4,
 the one made from the release's CLI table (vllm/_twin/cli_table.py) for 0.8.5.post1.
