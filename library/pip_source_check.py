@@ -181,21 +181,13 @@ files:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.revive_venv import SOURCE_ARGUMENT_SPEC as SOURCE_SPEC
-from ansible.module_utils.revive_wheelsource import WheelSourceError, check_source, http_for, prepare
+from ansible.module_utils.revive_wheelsource import (WheelSourceError, check_source, http_for,
+                                                     lock_source_argument_spec, prepare)
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "lock": {"type": "path", "required": True},
-            "source": {"type": "dict", "default": {}, "options": SOURCE_SPEC},
-            "python": {"type": "str", "required": True},
-            "platform": {"type": "str", "required": True},
-            "timeout": {"type": "float", "default": 60},
-            "retries": {"type": "int", "default": 3},
-            "jobs": {"type": "int", "default": 8},
-        },
+        argument_spec=lock_source_argument_spec(),
         supports_check_mode=True,
     )
     params = module.params

@@ -176,22 +176,12 @@ progress_file:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_wheelcache import ProgressFile, SourceProblems, fill_cache
-from ansible.module_utils.revive_venv import SOURCE_ARGUMENT_SPEC as SOURCE_SPEC
-from ansible.module_utils.revive_wheelsource import WheelSourceError, http_for, prepare
+from ansible.module_utils.revive_wheelsource import WheelSourceError, http_for, lock_source_argument_spec, prepare
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "lock": {"type": "path", "required": True},
-            "source": {"type": "dict", "default": {}, "options": SOURCE_SPEC},
-            "python": {"type": "str", "required": True},
-            "platform": {"type": "str", "required": True},
-            "dest": {"type": "path", "required": True},
-            "timeout": {"type": "float", "default": 60},
-            "retries": {"type": "int", "default": 3},
-            "jobs": {"type": "int", "default": 8},
-        },
+        argument_spec=dict(lock_source_argument_spec(), dest={"type": "path", "required": True}),
         supports_check_mode=True,
     )
     params = module.params

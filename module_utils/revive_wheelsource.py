@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Tuple
 from ansible.module_utils.revive_lockfile import Lock, LockEntry, LockError, canonical_name, parse_lock
 from ansible.module_utils.revive_venv import (
     PUBLIC_INDEX,
+    SOURCE_ARGUMENT_SPEC,
     Source,
     VenvError,
     parse_version,
@@ -482,6 +483,19 @@ def load_lock(path: str) -> Lock:
         return parse_lock(text, path)
     except LockError as error:
         raise WheelSourceError(str(error)) from None
+
+
+# The options pip_source_check and wheel_cache share: which lock, read from which source, for which node.
+def lock_source_argument_spec() -> dict:
+    return {
+        "lock": {"type": "path", "required": True},
+        "source": {"type": "dict", "default": {}, "options": SOURCE_ARGUMENT_SPEC},
+        "python": {"type": "str", "required": True},
+        "platform": {"type": "str", "required": True},
+        "timeout": {"type": "float", "default": 60},
+        "retries": {"type": "int", "default": 3},
+        "jobs": {"type": "int", "default": 8},
+    }
 
 
 def prepare(lock_path: str, source_params: Optional[dict], python: str, platform: str) -> Tuple[Lock, Source, Target]:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from vllm.engine.arg_utils import StoreBoolean, nullable_str
 from vllm.entrypoints.openai.cli_args import PromptAdapterPath
+from vllm.utils import FlexibleArgumentParser
 
 
 def human_readable_int(value: str) -> int:
@@ -186,27 +187,16 @@ def add_table_argument(parser: argparse.ArgumentParser, entry: Dict[str, Any]) -
     return parser.add_argument(*flags, **kwargs)
 
 
-class TableArgumentParser(argparse.ArgumentParser):
-    """0.8.5.post1's FlexibleArgumentParser: underscores in option names."""
+class TableArgumentParser(FlexibleArgumentParser):
+    """0.8.5.post1's FlexibleArgumentParser: underscores in option names (the twin's shared parser), and a
+    clear refusal of --config, which the twin does not simulate."""
 
     def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):  # type: ignore[override]
-        if args is None:
-            args = sys.argv[1:]
-        args = list(args)
+        args = list(sys.argv[1:] if args is None else args)
         if "--config" in args:
             self.error("[twin] --config (arguments from a YAML file) is not simulated; pass the arguments "
                        "on the command line")
-        processed: List[str] = []
-        for arg in args:
-            if arg.startswith("--"):
-                if "=" in arg:
-                    key, value = arg.split("=", 1)
-                    processed.append("--" + key[2:].replace("_", "-") + "=" + value)
-                else:
-                    processed.append("--" + arg[2:].replace("_", "-"))
-            else:
-                processed.append(arg)
-        return super().parse_args(processed, namespace)
+        return super().parse_args(args, namespace)
 
 
 def build_parser(arguments: List[Dict[str, Any]]) -> TableArgumentParser:
