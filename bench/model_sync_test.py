@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "bin"))
 from revive_cli import use_module_utils  # noqa: E402
 
 use_module_utils()
-from ansible.module_utils.revive_sync import RsyncSource, ssh_command  # noqa: E402
+from ansible.module_utils.revive_sync.rsync import RsyncSource, ssh_command  # noqa: E402
 
 MODEL_GIB = int(os.environ.get("REVIVE_BENCH_MODEL_GIB", "8"))
 ROUNDS = int(os.environ.get("REVIVE_BENCH_ROUNDS", "2"))

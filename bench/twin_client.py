@@ -3,7 +3,7 @@
 The field notes' method: `concurrency` users start together; each sends a chat request (prompt of at most
 256 tokens, max_tokens=200, streaming), reads the SSE stream to `[DONE]` and immediately sends the next
 one. TTFT is the time to the first chunk whose `delta.content` is non-empty (the role-only chunk does not
-count, reference/loadtest-tools.md §4); E2E is the time to `[DONE]`; the token count is the stream's
+count, docs/facts/loadtest.md §4); E2E is the time to `[DONE]`; the token count is the stream's
 `usage.completion_tokens` (requested with stream_options.include_usage). Latencies are taken over the
 requests sent and finished inside the measured window; the generation throughput counts the tokens that
 arrived inside it (by the running usage), so requests cut by the window's edges do not bias it.

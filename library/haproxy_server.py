@@ -17,7 +17,7 @@ description:
   - O(state=query) only reads. The result lists every server's admin mode, health status and load.
   - C(changed) is true only when a server's admin mode changes; a busy server whose C(scur) moves is not a change.
   - Unlike community.general.haproxy it supports check mode, waits on C(qcur) as well as C(scur), and polls until
-    the deadline (reference/lb-and-rolling.md §2.4).
+    the deadline (docs/facts/lb-and-rolling.md §2.4).
 version_added: "0.1.0"
 author:
   - revive project

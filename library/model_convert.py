@@ -87,7 +87,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.revive_model import ModelInspectError
-from ansible.module_utils.revive_sync import SyncError, convert_task, converting_path, staging_path
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.promote import converting_path, staging_path
+from ansible.module_utils.revive_sync.tasks import convert_task
 
 try:
     import numpy  # noqa: F401  (imported by the conversion itself; checked here for a clear message)

@@ -53,7 +53,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 model:
-  description: Model facts (interface C of the project's contracts).
+  description: Model facts (see docs/architecture.md, glossary).
   returned: success
   type: dict
   contains:

@@ -92,7 +92,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_model import ModelInspectError
-from ansible.module_utils.revive_sync import SyncError, default_workers, manifest_task, safetensors_dtypes
+from ansible.module_utils.revive_sync.dtype import safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import default_workers
+from ansible.module_utils.revive_sync.tasks import manifest_task
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ short_description: Refuse a model sync before any byte moves (destination filesy
 description:
   - Runs on the node and changes nothing.
   - Refuses a destination on a network filesystem (nfs, nfs4, cifs, smb3, ceph, glusterfs, lustre, 9p, ...) or a
-    FUSE filesystem (fuse, fuse.*), naming the mount, its type and why (the field notes' tens-of-minutes cold start
-    and corrupt cache after a broken transfer). The type comes from C(/proc/self/mountinfo) for the deepest mount
-    holding the destination, with symlinks resolved.
+    FUSE filesystem (fuse, fuse.*), naming the mount, its type and why (a tens-of-minutes cold start and a
+    corrupt cache after a broken transfer, docs/field-report.md ('Software stack that worked')). The type comes
+    from C(/proc/self/mountinfo) for the deepest mount holding the destination, with symlinks resolved.
   - Refuses when the free space there is less than what is still to transfer, plus the FP16 copy when converting,
     plus a margin, naming both numbers and the path.
   - Refuses BF16 weights on GPUs without BF16 unless conversion is enabled, and dtypes outside O(allowed_dtypes),
@@ -132,7 +132,9 @@ convert_bf16:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.revive_sync import SyncError, default_workers, manifest_from_dict, preflight_task
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import default_workers, manifest_from_dict
+from ansible.module_utils.revive_sync.tasks import preflight_task
 
 
 def main() -> None:

@@ -90,7 +90,9 @@ current_link:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.revive_sync import SyncError, converting_path, promote_task, staging_path
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.promote import converting_path, staging_path
+from ansible.module_utils.revive_sync.tasks import promote_task
 
 
 def main() -> None:

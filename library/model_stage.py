@@ -183,10 +183,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_model import ModelInspectError
-from ansible.module_utils.revive_sync import (
-    DtypePolicy, RsyncSource, SyncError, default_workers, manifest_from_dict, safetensors_dtypes, stage_task,
-    staging_path,
-)
+from ansible.module_utils.revive_sync.dtype import DtypePolicy, safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import default_workers, manifest_from_dict
+from ansible.module_utils.revive_sync.promote import staging_path
+from ansible.module_utils.revive_sync.rsync import RsyncSource
+from ansible.module_utils.revive_sync.tasks import stage_task
 
 
 def main() -> None:

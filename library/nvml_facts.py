@@ -46,7 +46,7 @@ notes:
     library cannot be loaded, and names the CUDA toolkit stub when that is what the loader found.
 seealso:
   - name: nvidia-smi topo -m legend and derivation
-    description: reference/nvml.md section 2 in the project's shared references.
+    description: docs/facts/nvml.md section 2 in this repository; the NVML API reference is the link.
     link: https://docs.nvidia.com/deploy/nvml-api/
 """
 

@@ -12,9 +12,10 @@ description:
     KV-cache estimate with vLLM's own sizing - with one reason per decision citing its source, and
     warnings; or refuses, with the reason, a combination that will not run (no kernels for the compute
     capability, AWQ/Marlin/FP8 on Volta, a model that does not fit, a Gemma-2 on xFormers, an old driver).
-  - The rules are those of the field notes and of the vLLM 0.5.4 reference, listed in
-    C(module_utils/revive_plan.py); the tensor-parallel layout comes from a documented cost model
-    anchored on the field notes' measurements.
+  - The rules are those of the field report and of the vLLM 0.5.4 facts (C(docs/field-report.md),
+    C(docs/facts/vllm-volta.md)), listed in C(module_utils/revive_plan/__init__.py); the tensor-parallel
+    layout comes from the performance model of C(module_utils/revive_perf.py), calibrated against the field
+    report's measurements (C(data/field-calibration.yml)).
   - Pure computation on the controller's data; nothing on the host changes. Check mode computes the same plan.
   - The release data reaches the module as a parameter (AnsiballZ ships no data files); pass
     C(data/vllm-releases.yml) through C(lookup('file', ...) | from_yaml).
@@ -22,11 +23,11 @@ version_added: "0.1.0"
 author: revive planner
 options:
   gpu:
-    description: GPU facts as C(nvml_facts) returns them under C(gpu) (interface B).
+    description: The GPU facts, as C(nvml_facts) returns them under C(gpu).
     type: dict
     required: true
   model:
-    description: Model facts as C(model_inspect) returns them under C(model) (interface C).
+    description: The model facts, as C(model_inspect) returns them under C(model).
     type: dict
     required: true
   releases:
@@ -34,7 +35,7 @@ options:
     type: dict
     required: true
   workload:
-    description: What the endpoint must serve. Defaults are the field notes' workload.
+    description: What the endpoint must serve. Defaults are the field report's workload.
     type: dict
     default: {}
     suboptions:
@@ -105,7 +106,8 @@ attributes:
   diff_mode:
     support: none
 notes:
-  - Logic and the cost model live in C(module_utils/revive_plan.py); KV sizing in C(module_utils/revive_kv.py).
+  - Logic lives in C(module_utils/revive_plan/), the performance model in C(module_utils/revive_perf.py), KV sizing
+    in C(module_utils/revive_kv.py).
   - C(bin/revive plan) runs the same planner without Ansible.
 """
 
@@ -139,7 +141,7 @@ EXAMPLES = r"""
   when: not revive_plan_result.refused
 
 # What-if: the same model pinned to TP 8 and 0.5.4
-- name: Plan with the field notes' layout
+- name: Plan with the field report's layout
   vllm_plan:
     gpu: "{{ ansible_facts['gpu'] }}"
     model: "{{ revive_model_facts.model }}"
@@ -158,7 +160,8 @@ refusal:
   description: Why the combination will not run, and the source of the rule.
   returned: when refused
   type: dict
-  sample: {reason: "... awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 ...", source: "ref §7.3"}
+  sample: {reason: "... awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 ...",
+            source: "docs/facts/vllm-volta.md §7.3; data quantization_min_cc"}
 release:
   description: The planned release; also set as the host fact C(revive_release).
   returned: when not refused
@@ -195,7 +198,7 @@ from ansible.module_utils.revive_plan import (
     PlanRefusal,
     Serve,
     Workload,
-    plan_release,
+    plan,
 )
 from ansible.module_utils.revive_releases import ReleaseDataError, load_release_data
 
@@ -252,9 +255,9 @@ def main() -> None:
         module.fail_json(msg=str(exc), refused=False)
     host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
     try:
-        release = plan_release(params["gpu"], params["model"], releases, Workload(**params["workload"]),
-                               Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram,
-                               PackageSource(**params["package_source"]))
+        release = plan(params["gpu"], params["model"], releases, Workload(**params["workload"]),
+                       Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram,
+                       PackageSource(**params["package_source"])).as_dict()
     except PlanRefusal as exc:
         refusal = {"reason": exc.reason, "source": exc.source}
         if params["fail_on_refusal"]:

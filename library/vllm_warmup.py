@@ -8,8 +8,8 @@ module: vllm_warmup
 short_description: Warm up one vLLM replica on the node and write the hand-over report
 description:
   - Proves that a vLLM replica (0.5.4's OpenAI-compatible server) is ready for traffic, on the node itself, before
-    the front door sends it anything. The first requests after a cold start are slow (field notes, failure 5 -
-    10+ s), and C(/health) answers long before that.
+    the front door sends it anything. The first requests after a cold start are slow (10+ s in
+    docs/field-report.md ('Failures met') 5), and C(/health) answers long before that.
   - Waits for C(GET /health) = 200 until O(health_timeout) while watching O(unit) with
     C(systemctl show -p ActiveState,SubState,NRestarts,ExecMainStatus,InvocationID). A unit that fails, waits
     to restart, restarts or is started anew fails the module at the next poll, with the last 20 lines of
@@ -64,7 +64,7 @@ options:
     type: float
     default: 120
   requests:
-    description: Warm-up requests to send at least (the field notes' operator sent about 20).
+    description: Warm-up requests to send at least (the operator of docs/field-report.md sent about 20).
     type: int
     default: 20
   max_requests:

@@ -1,6 +1,6 @@
 """The preflight fitness gate: is this GPU node fit to serve the planned release? And may the fleet go on?
 
-Pure rules over the probe's GPU facts (contract B), the planner's outcome and the inventory's
+Pure rules over the probe's GPU facts (docs/architecture.md, glossary), the planner's outcome and the inventory's
 expectations. Each rule returns Findings that say what is wrong, on which GPU (index and PCI bus id), why
 it matters for serving and what to do. A finding is `unfit` (the host is quarantined, not failed) or
 `warn` (reported, the host goes on). Used by library/gpu_fitness.py on each node; fleet_summary() is
@@ -21,7 +21,7 @@ UNFIT = "unfit"
 WARN = "warn"
 VERDICTS = (UNFIT, WARN)
 
-# The last driver branch that still supports each architecture. prior-art.md §7: R580 is the last branch
+# The last driver branch that still supports each architecture. docs/facts/prior-art.md §7: R580 is the last branch
 # for Maxwell, Pascal and Volta (NVIDIA/ansible-role-nvidia-driver PR #89).
 LAST_DRIVER_BRANCH = {"maxwell": 580, "pascal": 580, "volta": 580}
 
@@ -196,7 +196,7 @@ def rule_driver_window(gpu: dict, plan: PlanOutcome) -> List[Finding]:
             findings.append(Finding(
                 "driver_branch", UNFIT,
                 f"driver {version} (R{branch}) is newer than R{last}, the last branch that supports "
-                f"{architecture.capitalize()} GPUs (prior-art §7)",
+                f"{architecture.capitalize()} GPUs (docs/facts/prior-art.md §7)",
                 "a driver past its last branch does not support these GPUs; CUDA on them fails or they vanish "
                 "from NVML after the next reboot",
                 f"hold the driver at R{last} or older on {architecture.capitalize()} nodes (e.g. apt-mark hold)"))

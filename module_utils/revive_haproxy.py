@@ -1,9 +1,9 @@
 """HAProxy's runtime API (the stats socket at `level admin`) for the front door: server states and draining.
 
-Used by library/haproxy_server.py on the LB host (HAProxy 2.6, Debian 12's, reference/lb-and-rolling.md §0.1)
+Used by library/haproxy_server.py on the LB host (HAProxy 2.6, Debian 12's, docs/facts/lb-and-rolling.md §0.1)
 and by the lab's front-door sampler. Standard library only, Python 3.9+.
 
-Facts this relies on (reference/lb-and-rolling.md §2, checked on 2.6.12):
+Facts this relies on (docs/facts/lb-and-rolling.md §2, checked on 2.6.12):
 - `set server BE/SRV state ready|drain|maint` answers nothing on success and a line of text on error
   ("No such server.", "No such backend.", "Permission denied"...).
 - `show servers state BE`: `srv_op_state` (0 stopped, 1 starting, 2 running, 3 stopping) and the

@@ -1,4 +1,4 @@
-"""vLLM's KV-cache sizing as pure functions (interface D): the planner's estimate and the lab twin's
+"""vLLM's KV-cache sizing as pure functions (the KV estimate): the planner's estimate and the lab twin's
 start-up line ``# GPU blocks: N, # CPU blocks: M`` come from this one code.
 
 Main entry point::
@@ -7,10 +7,10 @@ Main entry point::
                   max_num_batched_tokens=None, max_num_seqs=256, max_model_len=None, block_size=16,
                   dtype="half", release="0.5.4") -> KvEstimate
 
-``model`` is a model-facts dict (interface C, ``revive_model.inspect_model``); only its architecture
+``model`` is a model-facts dict (``revive_model.inspect_model``); only its architecture
 numbers and ``weight_bytes``/``parameter_count``/``quantization`` are read.
 
-The algorithm of 0.5.4 (reference/vllm-0.5.4-and-volta.md §3.1-§3.4), per GPU worker:
+The algorithm of 0.5.4 (docs/facts/vllm-volta.md §3.1-§3.4), per GPU worker:
 
 1. ``bytes_per_block = block_size x max(1, kv_heads // TP) x head_dim x layers x 2 (K and V) x dtype
    bytes`` (``CacheEngine.get_cache_block_size``, §3.3).
@@ -80,9 +80,9 @@ NCCL_BASE_BYTES = int(0.25 * GiB)
 NCCL_PER_RANK_BYTES = int(0.05 * GiB)
 CUDA_CONTEXT_BYTES = int(0.27 * GiB)
 NON_GATED_MLP_TYPES = ("gpt_neox", "gpt2", "gpt_bigcode", "falcon", "phi", "opt", "bloom", "starcoder2")
-DEFAULT_CHUNKED_PREFILL_TOKENS = 512      # ref §2.1 --max-num-batched-tokens with chunked prefill
-CHUNKED_PREFILL_AUTO_ABOVE = 32768        # ref §2.1 --enable-chunked-prefill
-V1_LARGE_GPU_BYTES = 70 * GiB             # ref §2.2: V1 defaults switch at 70 GiB
+DEFAULT_CHUNKED_PREFILL_TOKENS = 512      # docs/facts/vllm-volta.md §2.1 --max-num-batched-tokens with chunked prefill
+CHUNKED_PREFILL_AUTO_ABOVE = 32768        # docs/facts/vllm-volta.md §2.1 --enable-chunked-prefill
+V1_LARGE_GPU_BYTES = 70 * GiB             # docs/facts/vllm-volta.md §2.2: V1 defaults switch at 70 GiB
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def release_version(release: str) -> Tuple[int, ...]:
 
 
 def sizing_for_release(release: str, engine: Optional[str] = None) -> str:
-    """Formula family of a release (ref §3.6); `engine` "V0"/"V1" where the release has both."""
+    """Formula family of a release (docs/facts/vllm-volta.md §3.6); `engine` "V0"/"V1" where the release has both."""
     version = release_version(release)
     if engine is None:
         engine = "V0" if version[:4] <= (0, 10, 1, 1) else "V1"
@@ -139,13 +139,13 @@ def sizing_for_release(release: str, engine: Optional[str] = None) -> str:
 
 
 def kv_heads_per_gpu(model: Dict[str, Any], tensor_parallel_size: int) -> int:
-    """max(1, total_kv_heads // TP): replicated when TP exceeds the KV heads (ref §3.3)."""
+    """max(1, total_kv_heads // TP): replicated when TP exceeds the KV heads (docs/facts/vllm-volta.md §3.3)."""
     return max(1, int(model["num_key_value_heads"]) // tensor_parallel_size)
 
 
 def cache_block_size_bytes(model: Dict[str, Any], tensor_parallel_size: int = 1, block_size: int = 16,
                            cache_dtype: str = "half", pipeline_parallel_size: int = 1) -> int:
-    """`CacheEngine.get_cache_block_size` (ref §3.3): bytes of one block on one GPU."""
+    """`CacheEngine.get_cache_block_size` (docs/facts/vllm-volta.md §3.3): bytes of one block on one GPU."""
     layers = int(model["num_hidden_layers"]) // pipeline_parallel_size
     heads = kv_heads_per_gpu(model, tensor_parallel_size)
     return block_size * heads * int(model["head_dim"]) * layers * 2 * DTYPE_BYTES[cache_dtype]
@@ -186,7 +186,7 @@ def non_torch_bytes(tensor_parallel_size: int, sizing: str) -> int:
 
 
 def chunked_prefill_enabled(max_model_len: int, sizing: str, enable_chunked_prefill: Optional[bool] = None) -> bool:
-    """V0: on when asked, or automatically above 32768 tokens (ref §2.1); V1: always."""
+    """V0: on when asked, or automatically above 32768 tokens (docs/facts/vllm-volta.md §2.1); V1: always."""
     if sizing == "v1":
         return True
     if enable_chunked_prefill is not None:
@@ -196,7 +196,7 @@ def chunked_prefill_enabled(max_model_len: int, sizing: str, enable_chunked_pref
 
 def default_max_num_batched_tokens(max_model_len: int, sizing: str, chunked_prefill: bool,
                                    gpu_total_bytes: int = 0) -> int:
-    """vLLM's default (ref §2.1 / §3.5; V1 ref §2.2)."""
+    """vLLM's default (docs/facts/vllm-volta.md §2.1 / §3.5; V1 docs/facts/vllm-volta.md §2.2)."""
     if sizing == "v1":
         return 8192 if gpu_total_bytes >= V1_LARGE_GPU_BYTES else 2048
     if chunked_prefill:
@@ -206,7 +206,7 @@ def default_max_num_batched_tokens(max_model_len: int, sizing: str, chunked_pref
 
 def swap_space_check(swap_space_gib: float, tensor_parallel_size: int, host_ram_bytes: int,
                      error_fraction: float = 0.7, warn_fraction: float = 0.4) -> Tuple[str, str]:
-    """vLLM's CacheConfig.verify_with_parallel_config (ref §3.4): ("ok"|"warn"|"error", message)."""
+    """vLLM's CacheConfig.verify_with_parallel_config: ("ok"|"warn"|"error", message). docs/facts/vllm-volta.md §3.4."""
     needed = swap_space_gib * GiB * tensor_parallel_size
     message = (f"{needed / GiB:.2f} GiB out of the {host_ram_bytes / GiB:.2f} GiB total CPU memory is "
                "allocated for the swap space.")
@@ -273,7 +273,7 @@ def kv_cache_plan(
         num_cpu_blocks //= pipeline_parallel_size
     tokens = num_gpu_blocks * block_size
     errors: List[str] = []
-    # Worker.raise_if_cache_size_invalid, 0.5.4 text (ref §3.1 step 5)
+    # Worker.raise_if_cache_size_invalid, 0.5.4 text (docs/facts/vllm-volta.md §3.1 step 5)
     if num_gpu_blocks <= 0:
         errors.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                       "when initializing the engine.")

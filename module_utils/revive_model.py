@@ -1,4 +1,4 @@
-"""Model facts (interface C) from a model directory, without torch and without reading weights.
+"""Model facts from a model directory, without torch and without reading weights.
 
 What is read: ``config.json``, ``generation_config.json``, the names of the tokenizer files, the
 safetensors index and, for every shard, its 8-byte little-endian header length and JSON header
@@ -196,7 +196,7 @@ def _first(config: Dict[str, Any], *keys: str) -> Any:
 
 
 def total_kv_heads(config: Dict[str, Any], num_attention_heads: int) -> int:
-    """KV heads in vLLM 0.5.4's order of lookup (reference/vllm-0.5.4-and-volta.md §3.3)."""
+    """KV heads in vLLM 0.5.4's order of lookup (docs/facts/vllm-volta.md §3.3)."""
     model_type = config.get("model_type", "")
     new_decoder = config.get("new_decoder_architecture", False)
     if config.get("multi_query") and not (model_type == "falcon" and new_decoder):
@@ -270,7 +270,7 @@ def parse_architecture(config: Dict[str, Any], source: str) -> Architecture:
             f"num_attention_heads={heads} do not describe a transformer. Check the file.")
     kv_heads = total_kv_heads(text, heads)
     if model_type == "deepseek_v2":
-        head_dim = 256  # vLLM 0.5.4 hard-codes it (reference §3.3)
+        head_dim = 256  # vLLM 0.5.4 hard-codes it (docs/facts/vllm-volta.md §3.3)
     else:
         head_dim = int(text.get("head_dim") or hidden // heads)
     vocab = _first(text, "padded_vocab_size", "vocab_size")
@@ -432,7 +432,7 @@ def _checkpoint_dtype(torch_dtype: Optional[str]) -> str:
 
 
 def inspect_model(path: str) -> Dict[str, Any]:
-    """Model facts for a model directory or a bare config.json (interface C, see the module RETURN)."""
+    """Model facts for a model directory or a bare config.json (listed in library/model_inspect.py's RETURN)."""
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isfile(path):
         directory, config_path = os.path.dirname(path), path

@@ -1,9 +1,9 @@
-"""Probe the local GPUs through unmodified pynvml (nvidia-ml-py) and return contract B's `gpu` facts.
+"""Probe the local GPUs through unmodified pynvml (nvidia-ml-py) and return its GPU facts (`gpu`).
 
 Used by library/nvml_facts.py (on the node) and by `bin/revive gpus` (locally, without Ansible). Every
-NVML call a card may not support yields null plus a note instead of an exception (style.md §11); the
-pynvml traps of reference/nvml.md §0.6 are handled here. Topology symbols, summary and findings are the
-pure functions of revive_topology.py.
+NVML call a card may not support yields null plus a note instead of an exception: a read-only probe never fails on
+a missing optional capability (docs/facts/nvml.md §1.3). The pynvml traps of docs/facts/nvml.md §0.6 are handled
+here. Topology symbols, summary and findings are the pure functions of revive_topology.py.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _text(value: Any) -> Optional[str]:
 @contextmanager
 def stdout_to_stderr() -> Iterator[None]:
     """Point fd 1 at stderr while NVML runs: the CUDA toolkit stub prints a banner on stdout
-    (reference/nvml.md §0.7), which would corrupt an Ansible module's JSON or `gpus --json`."""
+    (docs/facts/nvml.md §0.7), which would corrupt an Ansible module's JSON or `gpus --json`."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -118,7 +118,7 @@ class _Calls:
         self.notes = notes
         self.unsupported = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
         # nvidia-ml-py >= 12.550 wraps FunctionNotFound of the process queries in NVMLLibraryMismatchError,
-        # which is not an NVMLError (reference/nvml.md §0.6).
+        # which is not an NVMLError (docs/facts/nvml.md §0.6).
         self.mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
 
     def get(self, what: str, fn: Callable, *args: Any, quiet: bool = False) -> Any:
@@ -255,7 +255,7 @@ def _device(pynvml: Any, handle: Any, index: int, simulated: bool) -> dict:
     memory = get("memory", pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, quiet=True)
     reserved = getattr(memory, "reserved", None)
     if memory is None:
-        # Drivers before R510 have only the v1 struct (reference/nvml.md §1.5).
+        # Drivers before R510 have only the v1 struct (docs/facts/nvml.md §1.5).
         memory = get("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
     cc = get("compute_capability", pynvml.nvmlDeviceGetCudaComputeCapability, handle)
     cc_major, cc_minor = (int(cc[0]), int(cc[1])) if cc else (None, None)
@@ -269,7 +269,8 @@ def _device(pynvml: Any, handle: Any, index: int, simulated: bool) -> dict:
 
     mask = get("cpu_affinity", pynvml.nvmlDeviceGetCpuAffinity, handle, CPU_MASK_WORDS)
     cpus = cpus_from_mask(mask) if mask is not None else None
-    # "NUMA Affinity" in topo -m: the memory affinity mask; on x86 GetNumaNodeId is NOT_SUPPORTED (§2.1).
+    # "NUMA Affinity" in topo -m: the memory affinity mask; on x86 GetNumaNodeId is NOT_SUPPORTED
+    # (docs/facts/nvml.md §2.1).
     node_mask = get("numa_node", pynvml.nvmlDeviceGetMemoryAffinity, handle, NODE_MASK_WORDS,
                     NVML_AFFINITY_SCOPE_NODE)
     nodes = cpus_from_mask(node_mask) if node_mask is not None else []
@@ -379,7 +380,7 @@ def _nvlink(pynvml: Any, calls: _Calls, handle: Any) -> Optional[dict]:
         return None
     links = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        # Past the card's last link NVML answers INVALID_ARGUMENT or NOT_SUPPORTED (reference/nvml.md §1.6).
+        # Past the card's last link NVML answers INVALID_ARGUMENT or NOT_SUPPORTED (docs/facts/nvml.md §1.6).
         state = calls.get("nvlink", pynvml.nvmlDeviceGetNvLinkState, handle, link, quiet=True)
         if not state:
             continue
@@ -396,7 +397,9 @@ def _nvlink(pynvml: Any, calls: _Calls, handle: Any) -> Optional[dict]:
 
 
 def probe(host: Optional[str] = None) -> dict:
-    """Contract B's `gpu` dict for this machine. Raises GpuProbeError when NVML cannot be used at all."""
+    """This machine's GPU facts (`gpu`; docs/architecture.md, glossary).
+
+    Raises GpuProbeError when NVML cannot be used at all."""
     host = host or socket.gethostname()
     try:
         import pynvml  # nvidia-ml-py, pinned in requirements.txt

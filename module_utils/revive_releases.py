@@ -198,7 +198,7 @@ class Release:
 
 
 def _normalise_flag(flag: str) -> str:
-    # FlexibleArgumentParser accepts --foo_bar as --foo-bar (ref §2.1)
+    # FlexibleArgumentParser accepts --foo_bar as --foo-bar (docs/facts/vllm-volta.md §2.1)
     if flag.startswith("--"):
         return "--" + flag[2:].replace("_", "-")
     return flag

@@ -4,7 +4,7 @@ Used by the warm-up (module_utils/revive_warmup.py, on the node with the system 
 load client on the bench host (lab/loadgen/, which imports this file as plain `revive_sse`), so it imports
 nothing outside the standard library and runs on Python 3.9+.
 
-What counts as a good answer (every rule is one a client would notice, reference/lb-and-rolling.md §4.1):
+What counts as a good answer (every rule is one a client would notice, docs/facts/lb-and-rolling.md §4.1):
 - HTTP 200 with `text/event-stream`; anything else fails with vLLM's error message when it sent one.
 - The chunked body ends cleanly. A cut connection is a *truncated* stream: http.client's `readline` would
   hide it (its peek swallows IncompleteRead), so the body is read with `read1` (lab/vllm_twin/harness.py).
@@ -13,7 +13,7 @@ What counts as a good answer (every rule is one a client would notice, reference
 - The answer text is not empty, and with `stream_options.include_usage` the usage-only chunk arrives with
   prompt_tokens > 0, 0 < completion_tokens <= max_tokens and total = prompt + completion.
 
-Timing (reference/loadtest-tools.md §3-§4): the clock starts before the connection is opened (as vLLM
+Timing (docs/facts/loadtest.md §3-§4): the clock starts before the connection is opened (as vLLM
 0.5.4's own benchmark does, so connection set-up counts); TTFT is the first *content-bearing* event - the
 chat role-only first chunk (`delta: {"role": ...}`) and usage-only chunks do not count; E2E ends at
 `[DONE]`; TPOT = (last content event - first content event) / (completion_tokens - 1).

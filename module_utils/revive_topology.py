@@ -1,9 +1,9 @@
 """GPU topology as `nvidia-smi topo -m` shows it, from NVML answers: pure functions, no NVML import.
 
 revive_nvml.py gathers the raw answers (common-ancestor levels, NVLink peers, P2P status, affinities);
-this module turns them into the symbols, the summary and the health findings of contract B, renders the
+this module turns them into the symbols, the summary and the health findings of the GPU facts, renders the
 `topo -m` text, and parses real `nvidia-smi topo -m` output for the device check (tests/device/).
-The derivation follows reference/nvml.md §2.
+The derivation follows docs/facts/nvml.md §2.
 """
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-# nvmlGpuTopologyLevel_t -> topo -m symbol (reference/nvml.md §2.1). INTERNAL (dual-GPU board) prints PIX.
+# nvmlGpuTopologyLevel_t -> topo -m symbol (docs/facts/nvml.md §2.1). INTERNAL (dual-GPU board) prints PIX.
 LEVEL_SYMBOLS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
-# nvmlGpuP2PStatus_t -> `nvidia-smi topo -p2p` symbol (reference/nvml.md §2.1)
+# nvmlGpuP2PStatus_t -> `nvidia-smi topo -p2p` symbol (docs/facts/nvml.md §2.1)
 P2P_SYMBOLS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 
 # nvmlGpuP2PCapsIndex_t, passed as literal ints: pynvml's NVML_P2P_CAPS_INDEX_READ is the tuple (0,)
-# (reference/nvml.md §0.6), which ctypes rejects.
+# (docs/facts/nvml.md §0.6), which ctypes rejects.
 P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3, "pci": 4}
 
-# Fastest to slowest, the order contract B's summary.slowest_path uses.
+# Fastest to slowest, the order the GPU facts' summary.slowest_path uses.
 PATH_ORDER = ["NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
 
 LEGEND = """Legend:
@@ -36,7 +36,7 @@ LEGEND = """Legend:
 
 
 def topo_cell(level: Optional[int], direct_links: int, switch_links: int, nvlink_p2p_ok: bool) -> str:
-    """One off-diagonal `topo -m` cell (reference/nvml.md §2.1).
+    """One off-diagonal `topo -m` cell (docs/facts/nvml.md §2.1).
 
     NV# wins over the PCIe level. Direct GPU-GPU links (DGX-1) count the links whose remote PCI bus id is
     the peer GPU. On NVSwitch systems the remote is the switch (or FFFFFFFF:FF:FF.0 on H200), so nvidia-smi
@@ -103,15 +103,28 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
     return ",".join(ranges)
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """"0-19,40-59" -> [0..19, 40..59]; the inverse of format_cpu_list (also reads sysfs cpulist files)."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
+class CpuListError(ValueError):
+    """A CPU list with an item that is not N or N-M, or a range that runs backwards."""
+
+
+def parse_cpu_list(text: Optional[str]) -> list[int]:
+    """"0-19,40-59" -> [0..19, 40..59], sorted, each CPU once: the inverse of format_cpu_list.
+
+    Also reads the kernel's sysfs lists (with their newline) and systemd's space-separated form ("3 5-6");
+    anything else raises CpuListError (a ValueError) naming the item.
+    """
+    cpus: set[int] = set()
+    for part in re.split(r"[,\s]+", (text or "").strip()):
         if not part:
             continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise CpuListError(f"CPU list {text!r}: {part!r} is not N or N-M")
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+        if high < low:
+            raise CpuListError(f"CPU list {text!r}: range {part!r} runs backwards")
+        cpus.update(range(low, high + 1))
+    return sorted(cpus)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Warm-up of one vLLM replica before it takes traffic, and the hand-over report it leaves on the node.
 
-Why (docs/field-notes.md, failure 5): the first requests after a cold start took over 10 s, so the operator
+Why (docs/field-report.md ('Failures met') 5): the first requests after a cold start took over 10 s, so the operator
 sent ~20 ordinary requests and waited for latency to settle; `/health` answers long before that
-(reference/lb-and-rolling.md §1.4: 0.5.4's /health only asks the engine whether it is alive). Used by
+(docs/facts/lb-and-rolling.md §1.4: 0.5.4's /health only asks the engine whether it is alive). Used by
 library/vllm_warmup.py; runs on the node with the system python3 (3.9+, standard library only).
 
 Steps, each failing with what was seen:

@@ -4,14 +4,14 @@
  * Unmodified pynvml (nvidia-ml-py) loads it by SONAME and must see the profile's machine exactly:
  * values, NOT_SUPPORTED where the real card would answer so, and the real call protocols
  * (UNINITIALIZED before init, ref-counted init/shutdown, INSUFFICIENT_SIZE with the needed count).
- * Signatures and struct layouts follow nvml.h as summarised in reference/nvml.md §1.5-§1.6.
+ * Signatures and struct layouts follow nvml.h as summarised in docs/facts/nvml.md §1.5-§1.6.
  *
  * Environment:
  *   FAKE_NVML_PROFILE      profile path (default /etc/fake-nvml/profile.json), read at init
  *   FAKE_NVML_UTILIZATION  per-GPU utilisation overrides (default /run/fake-nvml/utilization.json),
  *                          read on every nvmlDeviceGetUtilizationRates call
  *
- * Never writes to stdout: an Ansible module's JSON goes there (reference/nvml.md §0.7).
+ * Never writes to stdout: an Ansible module's JSON goes there (docs/facts/nvml.md §0.7).
  * Diagnostics go to stderr, one line each.
  */
 #define _GNU_SOURCE
@@ -27,7 +27,7 @@
 
 #define API __attribute__((visibility("default")))
 
-/* nvmlReturn_t values (reference/nvml.md §1.3) */
+/* nvmlReturn_t values (docs/facts/nvml.md §1.3) */
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2

@@ -83,7 +83,7 @@ def profile_path(profiles_dir: Path, name: str) -> Path:
     except (OSError, ValueError) as exc:
         raise LabError(f"GPU profile {path} is not readable JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
-        raise LabError(f"GPU profile {path} has no `gpus` list; see the profile format in contracts §A")
+        raise LabError(f"GPU profile {path} has no `gpus` list; see the profile format in lab/fakenvml/README.md")
     return path
 
 

@@ -5,7 +5,7 @@ Runs on the bench host with the system python3 and `revive_sse.py` (module_utils
 `--concurrency` clients each send a streamed chat request, read it to the end, wait `--think-time` seconds and
 send the next one (a closed loop), until `--stop-file` exists or `--duration` seconds passed; then the requests in flight finish and the summary is
 written as JSON. A request fails when the answer is not HTTP 200, is cut (a truncated chunked body), lacks
-`data: [DONE]` or a finish_reason, or has no text or usage (reference/lb-and-rolling.md §4.1): the client never
+`data: [DONE]` or a finish_reason, or has no text or usage (docs/facts/lb-and-rolling.md §4.1): the client never
 retries, so nothing the front door lets through is hidden.
 
     loadgen.py --host 10.0.0.4 --port 80 --model tiny-chat --api-key KEY --concurrency 8 --max-tokens 64 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the lab's GPU hardware profiles (lab/profiles/<name>.json, contract A) from one description.
+"""Write the lab's GPU hardware profiles (lab/profiles/<name>.json) from one description.
 
 The JSON files are committed and are what the fake libnvidia-ml.so.1 reads; this script only keeps
 them consistent (a unit test checks that the committed files equal its output). Run it after editing:
@@ -7,7 +7,7 @@ them consistent (a unit test checks that the committed files equal its output). 
     python3 lab/profiles/generate.py            # rewrite every profile
     python3 lab/profiles/generate.py --check    # exit 1 if a committed profile differs
 
-Values come from reference/nvml.md §2-§5 and the field notes; where a value is a choice rather than a
+Values come from docs/facts/nvml.md §2-§5 and the field notes; where a value is a choice rather than a
 measurement (bus numbers, serials, subsystem ids) the comment says so.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 PROFILES_DIR = Path(__file__).resolve().parent
 MIB = 1024 * 1024
 
-# nvmlGpuTopologyLevel_t (reference/nvml.md §1.6)
+# nvmlGpuTopologyLevel_t (docs/facts/nvml.md §1.6)
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
-# nvmlGpuP2PStatus_t (reference/nvml.md §2.1, topo -p2p legend)
+# nvmlGpuP2PStatus_t (docs/facts/nvml.md §2.1, topo -p2p legend)
 OK, CNS, GNS, TNS, DR, NS, U = 0, 1, 2, 3, 4, 5, 6
 LEVEL_SYMBOL = {INTERNAL: "PIX", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
 
@@ -38,7 +38,7 @@ def gpu_uuid(profile: str, index: int) -> str:
 
 
 def serial(base: int, index: int) -> str:
-    # 13-digit serials like the V100's "0324917174879" (reference/nvml.md §5); numbers are made up.
+    # 13-digit serials like the V100's "0324917174879" (docs/facts/nvml.md §5); numbers are made up.
     return f"{base + index:013d}"
 
 
@@ -54,9 +54,9 @@ def idle_health(ecc: bool = True, retired_pages: bool = True, remapped_rows: boo
         }
         if ecc
         else None,
-        # Page retirement is the Kepler..Turing mechanism; Ampere+ answer NOT_SUPPORTED (nvml.md §1.5).
+        # Page retirement is the Kepler..Turing mechanism; Ampere+ answer NOT_SUPPORTED (docs/facts/nvml.md §1.5).
         "retired_pages": {"single_bit": [], "double_bit": [], "pending": False} if retired_pages else None,
-        # Row remapping is Ampere+; Volta/Turing answer NOT_SUPPORTED (nvml.md §5).
+        # Row remapping is Ampere+; Volta/Turing answer NOT_SUPPORTED (docs/facts/nvml.md §5).
         "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
         if remapped_rows
         else None,
@@ -68,7 +68,7 @@ def matrix(n: int, cell) -> list[list[int]]:
 
 
 def render_expected(levels: list[list[int]], nvlinks: list[list[int]]) -> list[list[str]]:
-    """The `nvidia-smi topo -m` GPU block the profile is meant to produce (reference/nvml.md §2.1)."""
+    """The `nvidia-smi topo -m` GPU block the profile is meant to produce (docs/facts/nvml.md §2.1)."""
     n = len(levels)
     return [
         ["X" if i == j else (f"NV{nvlinks[i][j]}" if nvlinks[i][j] else LEVEL_SYMBOL[levels[i][j]]) for j in range(n)]
@@ -83,7 +83,7 @@ def v100_pcie_8x() -> dict[str, Any]:
     buses = [0x1A, 0x1B, 0x3D, 0x3E, 0x88, 0x89, 0xB1, 0xB2]
     n = len(buses)
     socket_of = [0, 0, 0, 0, 1, 1, 1, 1]
-    affinity = ["0-19,40-59", "20-39,60-79"]  # 2x 20-core Xeon with SMT, as in reference/nvml.md §3b
+    affinity = ["0-19,40-59", "20-39,60-79"]  # 2x 20-core Xeon with SMT, as in docs/facts/nvml.md §3b
     gpus = []
     for i, bus in enumerate(buses):
         gpu = {
@@ -91,10 +91,10 @@ def v100_pcie_8x() -> dict[str, Any]:
             "uuid": gpu_uuid(name, i),
             "serial": serial(324917174879, i),
             "pci_bus_id": f"00000000:{bus:02X}:00.0",
-            "pci_device_id": "0x1DB610DE",  # nvml.md §5
+            "pci_device_id": "0x1DB610DE",  # docs/facts/nvml.md §5
             "pci_subsystem_id": "0x124A10DE",  # chosen; no source for the PCIe 32GB board's subsystem id
             "minor_number": i,
-            # Newer drivers (R510+) report 32768 MiB for the 32GB V100 (nvml.md §5).
+            # Newer drivers (R510+) report 32768 MiB for the 32GB V100 (docs/facts/nvml.md §5).
             "memory_total_bytes": 32768 * MIB,
             "memory_used_bytes": 4 * MIB,
             "compute_capability": [7, 0],
@@ -103,7 +103,7 @@ def v100_pcie_8x() -> dict[str, Any]:
             "pcie": {"max_gen": 3, "max_width": 16, "cur_gen": 3, "cur_width": 16},
             "cpu_affinity": affinity[socket_of[i]],
             "numa_node": socket_of[i],
-            "power_limit_mw": 250000,  # nvml.md §5
+            "power_limit_mw": 250000,  # docs/facts/nvml.md §5
             "persistence_mode": True,
             "temperature_c": 33,
             "utilization": {"gpu": 0, "memory": 0},
@@ -164,7 +164,7 @@ def v100_pcie_8x_degraded() -> dict[str, Any]:
     return profile
 
 
-# DGX-1 (V100) hybrid cube-mesh: NVLink counts per pair (reference/nvml.md §2.2, go-gpuallocator NewDGX1VoltaNode).
+# DGX-1 (V100) hybrid cube-mesh: NVLink counts per pair (docs/facts/nvml.md §2.2, go-gpuallocator NewDGX1VoltaNode).
 DGX1_NVLINKS = {
     (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
     (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2,
@@ -173,7 +173,7 @@ DGX1_NVLINKS = {
 
 def dgx1_v100() -> dict[str, Any]:
     name = "dgx1-v100"
-    # Bus ids 06/07/0A/0B/85/86 from NVIDIA/nccl#671; 89/8A inferred from DGX-1 convention (nvml.md §2.2).
+    # Bus ids 06/07/0A/0B/85/86 from NVIDIA/nccl#671; 89/8A inferred from DGX-1 convention (docs/facts/nvml.md §2.2).
     buses = [0x06, 0x07, 0x0A, 0x0B, 0x85, 0x86, 0x89, 0x8A]
     n = len(buses)
     socket_of = [0, 0, 0, 0, 1, 1, 1, 1]
@@ -184,7 +184,7 @@ def dgx1_v100() -> dict[str, Any]:
     bus_id = [f"00000000:{bus:02X}:00.0" for bus in buses]
     gpus = []
     for i in range(n):
-        # Which link index goes to which peer is not public (nvml.md §2.2); any order with the counts works.
+        # Which link index goes to which peer is not public (docs/facts/nvml.md §2.2); any order with the counts works.
         peers = [j for j in range(n) for _ in range(links[i][j])]
         assert len(peers) == 6, "V100-SXM2 has six NVLinks"
         gpus.append({
@@ -203,7 +203,7 @@ def dgx1_v100() -> dict[str, Any]:
             "pcie": {"max_gen": 3, "max_width": 16, "cur_gen": 3, "cur_width": 16},
             "cpu_affinity": affinity[socket_of[i]],
             "numa_node": socket_of[i],
-            "power_limit_mw": 300000,  # nvml.md §5
+            "power_limit_mw": 300000,  # docs/facts/nvml.md §5
             "persistence_mode": True,
             "temperature_c": 36,
             "utilization": {"gpu": 0, "memory": 0},
@@ -240,7 +240,7 @@ def dgx1_v100() -> dict[str, Any]:
         "gpus": gpus,
         "topology": {"common_ancestor": levels},
         "p2p": p2p,
-        # reference/nvml.md §3b, verbatim (GPU block of the DGX-1 capture)
+        # docs/facts/nvml.md §3b, verbatim (GPU block of the DGX-1 capture)
         "expected_topo_m": [
             ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"],
             ["NV1", "X", "NV2", "NV1", "SYS", "NV2", "SYS", "SYS"],
@@ -338,7 +338,7 @@ def a100_sxm4_8x() -> dict[str, Any]:
             "utilization": {"gpu": 0, "memory": 0},
             **idle_health(retired_pages=False, remapped_rows=True),
             "mig_mode": {"current": False, "pending": False},
-            # Two links to each of six NVSwitches; the remote PCI info is the switch (nvml.md §2.1).
+            # Two links to each of six NVSwitches; the remote PCI info is the switch (docs/facts/nvml.md §2.1).
             "nvlink": [{"link": k, "state": True, "remote_bus_id": switches[k // 2], "remote_device_type": "switch",
                         "version": 3} for k in range(12)],
             "processes": [],
@@ -352,7 +352,8 @@ def a100_sxm4_8x() -> dict[str, Any]:
         return MULTIPLE if i // 2 == j // 2 else NODE
 
     levels = matrix(n, level)
-    # Every pair reaches every other through the switches; P2P over the PCI cap is NS as measured on H200 (§6).
+    # Every pair reaches every other through the switches; P2P over the PCI cap is NS, as measured on H200
+    # (docs/facts/nvml.md §6.2).
     p2p = {
         "read": matrix(n, lambda i, j: OK),
         "write": matrix(n, lambda i, j: OK),

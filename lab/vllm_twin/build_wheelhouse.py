@@ -5,9 +5,11 @@ other pins, nvidia-ml-py, and a hash lock per release and lab Python.
     lab/vllm_twin/build_wheelhouse.py --dest .lab/wheelhouse      (or the directory as the only argument)
 
 Writes into DEST, for every release in SIMULATED_RELEASES (0.5.4 and 0.8.5.post1):
-* vllm-<release>+sim-py3-none-any.whl: lab/vllm_twin/src/vllm plus copies of module_utils/revive_model.py,
-  revive_kv.py and revive_topology.py under vllm/_revive/module_utils/ (the twin reuses the project's
-  model facts and KV sizing), and vllm/_twin/release.json, which fixes the release the wheel simulates
+* vllm-<release>+sim-py3-none-any.whl: lab/vllm_twin/src/vllm plus copies of the BUNDLED_MODULE_UTILS,
+  module_utils/revive_model.py, revive_kv.py, revive_topology.py and revive_perf.py, under
+  vllm/_revive/module_utils/ (the twin reuses the project's model facts, KV sizing, topology tables and
+  performance model: its `# GPU blocks` line is the planner's KV estimate and its step timing the planner's
+  model), and vllm/_twin/release.json, which fixes the release the wheel simulates
   (vllm/_twin/release.py): its version, commit, behaviour switches and, for 0.8.5.post1, the CLI table of
   data/vllm-releases.yml its parser is built from. Requires-Dist names the release's placeholders at
   their exact `+sim` versions and nvidia-ml-py==13.615.71, so a resolver finds the whole set.
@@ -45,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SOURCE = HERE / "src" / "vllm"
 MODULE_UTILS = REPO / "module_utils"
-BUNDLED_MODULE_UTILS = ("revive_model.py", "revive_kv.py", "revive_topology.py")
+BUNDLED_MODULE_UTILS = ("revive_model.py", "revive_kv.py", "revive_topology.py", "revive_perf.py")
 RELEASES = REPO / "data" / "vllm-releases.yml"
 REVIVE = REPO / "bin" / "revive"
 SIMULATED_RELEASES = ("0.5.4", "0.8.5.post1")

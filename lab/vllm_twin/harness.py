@@ -23,7 +23,7 @@ TWIN_SRC = REPO / "lab" / "vllm_twin" / "src"
 FAKENVML = REPO / "lab" / "fakenvml"
 PROFILES = REPO / "lab" / "profiles"
 
-# The field notes' launch command (docs/field-notes.md "Launch command"), minus --host/--port/--model.
+# The field notes' launch command (docs/field-report.md ('Launch command')), minus --host/--port/--model.
 FIELD_NOTES_FLAGS = ["--tensor-parallel-size", "8", "--dtype", "float16", "--gpu-memory-utilization", "0.92",
                      "--max-model-len", "4096", "--max-num-seqs", "128", "--max-num-batched-tokens", "8192",
                      "--enforce-eager", "--swap-space", "16", "--disable-log-requests"]

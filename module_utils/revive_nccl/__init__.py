@@ -1,7 +1,7 @@
 """NCCL check: run a short all-reduce sweep per planned replica, with the environment its unit will have.
 
 Why (issue #18, the field notes): the planner derives NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 from the
-PCIe topology (revive_plan._nccl_env) and nothing proved it. On the notes' box 8-way TP hung at "connecting
+PCIe topology (revive_plan.layout.nccl_env) and nothing proved it. On the notes' box 8-way TP hung at "connecting
 to ..." until P2P was disabled; on NVLink the same variables halve TP throughput. This module proves the
 plan on the node before the units switch. Used by library/nccl_check.py and tests/device/check_nccl.py; runs
 on the node with the system python3 (3.9+, standard library only). The ranks run in the release venv's python

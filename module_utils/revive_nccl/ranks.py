@@ -9,7 +9,9 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible.module_utils.revive_release import ReleaseError, format_cpu_list, parse_cpu_list
+from ansible.module_utils.revive_record import ReleaseError
+from ansible.module_utils.revive_record.pinning import parse_cpu_list
+from ansible.module_utils.revive_topology import format_cpu_list
 from ansible.module_utils.revive_nccl.spec import (
     GRACE_S,
     PLANNER_VARS,
@@ -42,7 +44,7 @@ class Placement:
 
 
 def placement(replica: Dict[str, Any], simulated: bool, deps: Deps) -> Placement:
-    """The unit's CPUAffinity=/NUMAPolicy=bind for the ranks (revive_release.host_pinning's rules)."""
+    """The unit's CPUAffinity=/NUMAPolicy=bind for the ranks (revive_record.pinning.host_pinning's rules)."""
     name = replica.get("name", "replica")
     try:
         planned = [int(c) for c in replica.get("cpus") or []] or parse_cpu_list(replica.get("cpu_list") or "")

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ansible.module_utils.revive_release import parse_cpu_list
+from ansible.module_utils.revive_record.pinning import parse_cpu_list
 from ansible.module_utils.revive_nccl.worker import WORKER_SOURCE
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -79,7 +79,7 @@ def nvml_view(host) -> dict:
 
 
 def profile_as_nvml_view(name: str) -> dict:
-    """What nvml_view must return on a node given lab/profiles/<name>.json (contracts §A)."""
+    """What nvml_view must return on a node given lab/profiles/<name>.json (in the GPU profile format)."""
     profile = json.loads((PROFILES_DIR / f"{name}.json").read_text())
     return {
         "driver_version": profile["driver_version"],

@@ -1,5 +1,5 @@
 """The lab's fake libnvidia-ml.so.1 driven by unmodified pynvml, one fresh subprocess per scenario
-(pynvml loads the library once per process, reference/nvml.md §1.1)."""
+(pynvml loads the library once per process, docs/facts/nvml.md §1.1)."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab"))
 
-import profiles as lab_profiles  # noqa: E402  (lab/profiles.py)
+from labctl.shape import known_profiles, profile_path  # noqa: E402
 
-PROFILES = lab_profiles.known_profiles()
+PROFILES_DIR = REPO / "lab" / "profiles"
+PROFILES = known_profiles(PROFILES_DIR)
 MIB = 1024 * 1024
 
 
@@ -32,7 +33,7 @@ def run_python(code: str, fakenvml: Path, profile: str | Path, **env: str) -> su
 
 
 def load_profile(name: str) -> dict:
-    return json.loads((lab_profiles.PROFILES_DIR / f"{name}.json").read_text())
+    return json.loads((PROFILES_DIR / f"{name}.json").read_text())
 
 
 # Everything pynvml returns for a machine, as JSON on stdout (any stray byte from the library breaks the parse).
@@ -124,7 +125,7 @@ def expand(cpu_list: str) -> list[int]:
 @pytest.mark.parametrize("name", PROFILES)
 def test_pynvml_reports_the_profile_exactly(fakenvml: Path, name: str) -> None:
     profile = load_profile(name)
-    result = run_python(DUMP, fakenvml, lab_profiles.profile_path(name))
+    result = run_python(DUMP, fakenvml, profile_path(PROFILES_DIR, name))
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     seen = json.loads(result.stdout)
@@ -250,7 +251,7 @@ print(json.dumps(out))
 
 
 def test_call_protocols_match_the_real_library(fakenvml: Path) -> None:
-    profile = lab_profiles.profile_path("v100-pcie-8x-degraded")
+    profile = profile_path(PROFILES_DIR, "v100-pcie-8x-degraded")
     result = run_python(PROTOCOLS, fakenvml, profile)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
@@ -356,7 +357,7 @@ def test_utilization_override_file_is_read_on_every_call(fakenvml: Path, tmp_pat
     path = tmp_path / "utilization.json"
     path.write_text(json.dumps({"2": {"gpu": 55, "memory": 12}, "0": {"gpu": 7}}))
     code = UTILIZATION.replace("sys.argv[1]", repr(json.dumps({"1": {"gpu": 99, "memory": 98}})))
-    result = run_python(code, fakenvml, lab_profiles.profile_path("v100-pcie-8x-degraded"),
+    result = run_python(code, fakenvml, profile_path(PROFILES_DIR, "v100-pcie-8x-degraded"),
                         FAKE_NVML_UTILIZATION=str(path))
     assert result.returncode == 0, result.stderr
     first, second, third = json.loads(result.stdout)
@@ -371,7 +372,7 @@ def test_unparsable_utilization_file_falls_back_to_the_profile_with_one_warning(
     path.write_text("{not json")
     code = ("import pynvml, json; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(6); "
             "print(json.dumps([pynvml.nvmlDeviceGetUtilizationRates(h).gpu for _ in range(3)]))")
-    result = run_python(code, fakenvml, lab_profiles.profile_path("v100-pcie-8x-degraded"),
+    result = run_python(code, fakenvml, profile_path(PROFILES_DIR, "v100-pcie-8x-degraded"),
                         FAKE_NVML_UTILIZATION=str(path))
     assert json.loads(result.stdout) == [97, 97, 97]
     assert len(result.stderr.splitlines()) == 1
@@ -385,7 +386,7 @@ def test_library_has_the_soname_and_every_symbol_the_probe_needs(fakenvml: Path)
     listing = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True,
                              check=True).stdout
     symbols = {line.split()[-1] for line in listing.splitlines() if line.strip()}
-    required = {  # reference/nvml.md §0.2, §0.5, §1.5
+    required = {  # docs/facts/nvml.md §0.2, §0.5, §1.5
         "nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion",
         "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetNVMLVersion",
         "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
@@ -411,15 +412,6 @@ def test_committed_profiles_equal_the_generator_output() -> None:
     result = subprocess.run([sys.executable, str(REPO / "lab" / "profiles" / "generate.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-
-
-def test_profile_names_are_listable_and_unknown_names_list_the_known_ones() -> None:
-    assert PROFILES == ["a100-sxm4-8x", "dgx1-v100", "t4-4x", "v100-pcie-8x", "v100-pcie-8x-degraded"]
-    assert lab_profiles.profile_path("t4-4x") == lab_profiles.PROFILES_DIR / "t4-4x.json"
-    with pytest.raises(lab_profiles.UnknownProfile) as error:
-        lab_profiles.profile_path("v100-sxm-16x")
-    assert str(error.value) == ("unknown GPU profile 'v100-sxm-16x'; known: a100-sxm4-8x, dgx1-v100, t4-4x, "
-                                "v100-pcie-8x, v100-pcie-8x-degraded")
 
 
 def test_field_notes_box_profile() -> None:

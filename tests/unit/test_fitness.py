@@ -152,7 +152,8 @@ def test_a_driver_past_voltas_last_branch_is_unfit():
     gpu["driver_version"], gpu["driver_branch"] = "590.48.01", 590
     findings = by_check(verdict(gpu), "driver_branch")
     assert [f.what for f in findings] == [
-        "driver 590.48.01 (R590) is newer than R580, the last branch that supports Volta GPUs (prior-art §7)"]
+        "driver 590.48.01 (R590) is newer than R580, the last branch that supports Volta GPUs "
+        "(docs/facts/prior-art.md §7)"]
 
 
 def test_the_same_new_driver_is_fine_on_ampere():
@@ -163,11 +164,12 @@ def test_the_same_new_driver_is_fine_on_ampere():
 
 def test_a_planner_refusal_makes_the_node_unfit_with_the_planners_reason():
     plan = PlanOutcome(refusal_reason="awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0",
-                       refusal_source="ref §7.3")
+                       refusal_source="docs/facts/vllm-volta.md §7.3")
     result = verdict(lab_facts("v100-pcie-8x"), plan=plan)
     assert result.fit is False
     assert result.reasons == [
-        "node: the planner refused: awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 [ref §7.3]. "
+        "node: the planner refused: awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 "
+        "[docs/facts/vllm-volta.md §7.3]. "
         "Why it matters: no vLLM release, layout and flags that would run here were found, so nothing can be "
         "provisioned. Fix: follow the planner's reason, or change the model or revive_plan_overrides; "
         "`bin/revive plan` shows the same decision without Ansible"]

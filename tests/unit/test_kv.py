@@ -31,7 +31,7 @@ QWEN25_15B = dict(model_config("qwen2-7b-instruct"), hidden_size=1536, intermedi
                   num_attention_heads=12, num_key_value_heads=2, vocab_size=151936)
 
 
-# ref §3.3 "Worked values": bytes per block and CPU blocks at --swap-space 4
+# docs/facts/vllm-volta.md §3.3, the worked values: bytes per block and CPU blocks at --swap-space 4
 @pytest.mark.parametrize("config, tp, swap, block_bytes, cpu_blocks", [
     (model_config("llama-2-7b-chat"), 1, 4, 8 * MiB, 512),
     (model_config("meta-llama-3-8b-instruct"), 1, 4, 2 * MiB, 2048),

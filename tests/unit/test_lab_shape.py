@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab"))
 
 from labctl.errors import LabError  # noqa: E402
-from labctl.shape import (LabShape, build_shape, controller_address, host_address, parse_support_hosts,  # noqa: E402
-                          slot_network)
+from labctl.shape import (LabShape, build_shape, controller_address, host_address, known_profiles,  # noqa: E402
+                          parse_support_hosts, profile_path, slot_network)
 
 
 @pytest.fixture()
@@ -98,3 +98,14 @@ def test_cli_lists_the_repository_profiles_for_an_unknown_name():
     assert proc.returncode == 1
     assert "v100-pcie-8x" in known
     assert proc.stderr.strip().endswith(f"known profiles ({REPO / 'lab/profiles'}): {', '.join(known)}")
+
+
+def test_profile_names_are_listable_and_unknown_names_list_the_known_ones() -> None:
+    profiles_dir = REPO / "lab" / "profiles"
+    assert known_profiles(profiles_dir) == ["a100-sxm4-8x", "dgx1-v100", "t4-4x", "v100-pcie-8x",
+                                            "v100-pcie-8x-degraded"]
+    assert profile_path(profiles_dir, "t4-4x") == profiles_dir / "t4-4x.json"
+    with pytest.raises(LabError) as error:
+        profile_path(profiles_dir, "v100-sxm-16x")
+    assert str(error.value) == (f"unknown GPU profile 'v100-sxm-16x'; known profiles ({profiles_dir}): a100-sxm4-8x, "
+                                "dgx1-v100, t4-4x, v100-pcie-8x, v100-pcie-8x-degraded")

@@ -10,7 +10,7 @@ from ansible.module_utils.revive_model import ModelInspectError, inspect_model, 
 from fixtures.models import model_config, write_model
 
 
-def test_tiny_fp16_20b_fixture_reports_contract_c(tmp_path):
+def test_tiny_fp16_20b_fixture_reports_its_model_facts(tmp_path):
     path = write_model(str(tmp_path / "chat-20b"), "internlm2-chat-20b", dtype="F16", shards=2)
     facts = inspect_model(path)
     config = model_config("internlm2-chat-20b", size="tiny")

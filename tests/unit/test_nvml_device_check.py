@@ -94,7 +94,7 @@ def h200_facts(total_bytes: int) -> dict:
             "topology": {"matrix": [["X", "NV18"], ["NV18", "X"]]}}
 
 
-# reference/nvml.md §6, the 2x H200 machine
+# docs/facts/nvml.md §6.2, the 2x H200 machine
 H200_TOPO_M = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
                "GPU0\t X \tNV18\t0-31\t0\t\tN/A\nGPU1\tNV18\t X \t0-31\t0\t\tN/A\n")
 H200_QUERY = ("0, NVIDIA H200, 00000000:18:00.0, 143771, 5, 16, 5, 16, 700.00\n"

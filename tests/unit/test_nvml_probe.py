@@ -21,6 +21,7 @@ from ansible.module_utils.revive_nvml import (
 )
 from ansible.module_utils.revive_topology import (
     LEGEND,
+    CpuListError,
     assign_sockets,
     cpus_from_mask,
     format_cpu_list,
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "lab" / "profiles"
 NAMES = sorted(path.stem for path in PROFILES.glob("*.json"))
 
-# reference/nvml.md §3b: 8x V100 SXM2 (DGX-1 cube-mesh) with NUMA columns, InternLM/lmdeploy#4423, verbatim.
+# docs/facts/nvml.md §3b: 8x V100 SXM2 (DGX-1 cube-mesh) with NUMA columns, InternLM/lmdeploy#4423, verbatim.
 DGX1_TOPO_M = """\
         GPU0    GPU1    GPU2    GPU3    GPU4    GPU5    GPU6    GPU7    CPU Affinity    NUMA Affinity   GPU NUMA ID
 GPU0     X      NV1     NV1     NV2     NV2     SYS     SYS     SYS     0-19,40-59      0               N/A
@@ -50,7 +51,7 @@ GPU6    SYS     SYS     NV1     SYS     NV1     NV2      X      NV2     20-39,60
 GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X      20-39,60-79     1               N/A
 """
 
-# reference/nvml.md §3b: the pytorch DDP benchmark README capture, NIC rows/columns and an older legend.
+# docs/facts/nvml.md §3b: the pytorch DDP benchmark README capture, NIC rows/columns and an older legend.
 DGX1_WITH_NICS = """\
 --- nvidia-smi topo -m ---
 
@@ -79,12 +80,12 @@ Legend:
   NV#  = Connection traversing a bonded set of # NVLinks
 """
 
-# reference/nvml.md §6: the 2x H200 machine, tab-separated as nvidia-smi prints it.
+# docs/facts/nvml.md §6.2: the 2x H200 machine, tab-separated as nvidia-smi prints it.
 H200_TOPO_M = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
                "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
                "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n")
 
-# reference/nvml.md §2: the legend of current drivers, verbatim.
+# docs/facts/nvml.md §2: the legend of current drivers, verbatim.
 CURRENT_LEGEND = """\
 Legend:
 
@@ -115,7 +116,7 @@ def tokens(text: str) -> list[list[str]]:
         (40, 0, 0, False, "NODE"),
         (50, 0, 0, False, "SYS"),
         (10, 1, 0, True, "NV1"),  # DGX-1 PLX pair with one link: NV# wins over PIX
-        (30, 0, 18, True, "NV18"),  # H200: HOSTBRIDGE level, yet NV18 (reference/nvml.md §6)
+        (30, 0, 18, True, "NV18"),  # H200: HOSTBRIDGE level, yet NV18 (docs/facts/nvml.md §6.2)
         (30, 0, 18, False, "PHB"),  # switch links without NVLink P2P: no NV#
         (None, 0, 0, False, "N/A"),
     ],
@@ -138,6 +139,16 @@ def test_cpu_lists_round_trip_in_nvidia_smi_form() -> None:
     assert format_cpu_list([5, 0, 1, 2, 64, 127, 126]) == "0-2,5,64,126-127"
     assert cpus_from_mask([0, 1 << 3]) == [67]
     assert parse_cpu_list("0-3,8\n") == [0, 1, 2, 3, 8]
+
+
+def test_the_cpu_list_parser_reads_systemd_form_merges_overlaps_and_refuses_the_rest() -> None:
+    """revive_topology.parse_cpu_list is the one CPU-list parser (nvidia-smi, sysfs, systemd's CPUAffinity=)."""
+    assert parse_cpu_list("3 5-6") == [3, 5, 6]
+    assert parse_cpu_list("0-4,2-6 5,1") == [0, 1, 2, 3, 4, 5, 6]
+    with pytest.raises(CpuListError, match=r"range '9-3' runs backwards"):
+        parse_cpu_list("9-3")
+    with pytest.raises(CpuListError, match=r"'x' is not N or N-M"):
+        parse_cpu_list("x")
 
 
 def test_sockets_from_sysfs_when_the_cpus_exist() -> None:
@@ -213,7 +224,7 @@ def test_rendered_topo_m_parses_back_to_the_same_matrix() -> None:
         "topology": {"matrix": [["X", "NV18"], ["NV18", "X"]]},
     }
     text = render_topo_m(gpu)
-    assert text.startswith(H200_TOPO_M)  # byte for byte what nvidia-smi printed on the H200 (§6)
+    assert text.startswith(H200_TOPO_M)  # byte for byte what nvidia-smi printed on the H200 (docs/facts/nvml.md §6.2)
     assert text.endswith(CURRENT_LEGEND + "\n")
     assert LEGEND == CURRENT_LEGEND
     assert parse_topo_m(text).gpu_matrix() == [["X", "NV18"], ["NV18", "X"]]
@@ -436,7 +447,7 @@ def test_driver_not_loaded_message_names_the_kernel_module(monkeypatch: pytest.M
                                        "reports DRIVER_NOT_LOADED: the NVIDIA kernel module is not loaded")
 
 
-# A stand-in for the CUDA toolkit's stubs/libnvidia-ml.so (reference/nvml.md §0.7, §6.3): same SONAME,
+# A stand-in for the CUDA toolkit's stubs/libnvidia-ml.so (docs/facts/nvml.md §0.7, §6.3): same SONAME,
 # init answers DRIVER_NOT_LOADED (9), every call prints a banner on stdout.
 CUDA_STUB = r"""
 #include <stdio.h>

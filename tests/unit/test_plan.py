@@ -238,7 +238,7 @@ def test_bf16_weights_on_volta_refused_without_conversion(releases):
     assert err.value.reason == (
         "/data/models/qwen2-7b-instruct: the weights are BF16 and Tesla V100-PCIE-32GB (CC 7.0) has no BF16; "
         "conversion to FP16 is disabled. Convert the checkpoint (the model sync role does) or allow conversion.")
-    assert err.value.source.startswith("ref §1.4")
+    assert err.value.source.startswith("docs/facts/vllm-volta.md §1.4")
 
 
 def test_fp16_on_ampere_stays_float16(releases):

@@ -1,4 +1,4 @@
-"""module_utils/revive_release.py: the release the units run, the node's record, rollback and venv pruning."""
+"""module_utils/revive_record/: the release the units run, the node's record, rollback and venv pruning."""
 from __future__ import annotations
 
 import copy
@@ -7,35 +7,32 @@ import json
 import string
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from ansible.module_utils.revive_plan import Overrides, Serve, plan_release
-from ansible.module_utils.revive_release import (
-    HostView,
+from ansible.module_utils.revive_record import ReleaseError
+from ansible.module_utils.revive_record.journal import journal_excerpt, units_to_quote
+from ansible.module_utils.revive_record.pinning import host_pinning, parse_cpu_list
+from ansible.module_utils.revive_record.record import (
     Record,
-    ReleaseError,
-    StartTiming,
-    build_release,
-    environment_assignment,
-    exec_start,
-    format_cpu_list,
-    health_deadline,
-    journal_excerpt,
-    host_pinning,
     load_record,
-    parse_cpu_list,
-    parse_exec_words,
     promote,
-    python_satisfies,
     record_rollback,
-    release_id,
     rollback_target,
     stale_units,
-    start_limit_interval,
-    venv_name,
-    venv_packages,
-    venvs_to_prune,
 )
+from ansible.module_utils.revive_record.release import HostView, build_release, release_id
+from ansible.module_utils.revive_record.systemd import (
+    StartTiming,
+    environment_assignment,
+    exec_start,
+    health_deadline,
+    parse_exec_words,
+    start_limit_interval,
+)
+from ansible.module_utils.revive_record.venvs import python_satisfies, venv_name, venv_packages, venvs_to_prune
+from ansible.module_utils.revive_topology import format_cpu_list
 from ansible.module_utils.revive_releases import load_release_file
 from fixtures.gpus import lab_facts, lab_ram_bytes
 from fixtures.models import write_model
@@ -80,7 +77,7 @@ def test_volta_venv_pins_are_the_release_pins_without_flash_attention_or_non_pac
     packages, notes = venv_packages(pins, "7.0")
     assert packages == ["torch==2.4.0", "vllm==0.5.4", "xformers==0.0.27.post2"]
     assert notes == ["vllm-flash-attn==2.6.1 left out: compute capability 7.0 < 8.0 runs XFORMERS "
-                     "(reference/vllm-0.5.4-and-volta.md §1.3)"]
+                     "(docs/facts/vllm-volta.md §1.3)"]
 
 
 def test_ampere_keeps_vllm_flash_attn():
@@ -176,7 +173,7 @@ def test_environment_assignments_are_quoted_and_names_checked():
 
 def test_health_deadline_grows_with_the_weight_bytes():
     timing = StartTiming(base_seconds=120, load_bytes_per_second=200_000_000, per_rank_seconds=5)
-    # The field notes' model: 41 GB of FP16 weights at TP 8.
+    # The model of docs/field-report.md ('Model and parallelism choice'): 41 GB of FP16 weights at TP 8.
     assert health_deadline(41_000_000_000, 8, timing) == 120 + 205 + 40
     assert health_deadline(10_000_000, 4, timing) == 120 + 1 + 20
     with pytest.raises(ReleaseError, match="must be positive"):
@@ -374,3 +371,31 @@ def test_journal_excerpt_masks_secrets_and_works_without_invocation_ids():
     entries = [{"MESSAGE": "one"}, {"MESSAGE": "key is s3cr3t-key"}]
     assert journal_excerpt(entries, 5, redact=["s3cr3t-key", ""]) == ["one", "key is ********"]
     assert journal_excerpt(entries, 0) == []
+
+
+# Which units a rollback quotes: the systemd_service results read before the failed units are stopped.
+UNITS_TO_QUOTE = """
+- id: a unit that did not come up
+  states: [{name: vllm-0.service, status: {ActiveState: failed, NRestarts: "0"}},
+           {name: vllm-1.service, status: {ActiveState: active, NRestarts: "0"}}]
+  expected: [vllm-0.service]
+- id: not active first, then active but restarted by systemd
+  states: [{name: vllm-0.service, status: {ActiveState: active, NRestarts: "2"}},
+           {name: vllm-1.service, status: {ActiveState: activating, NRestarts: "1"}}]
+  expected: [vllm-1.service, vllm-0.service]
+- id: all up and never restarted (a failed warm-up) - every unit
+  states: [{name: vllm-0.service, status: {ActiveState: active, NRestarts: "0"}},
+           {name: vllm-1.service, status: {ActiveState: active, NRestarts: "0"}}]
+  expected: [vllm-0.service, vllm-1.service]
+- id: a unit that could not be read is left out; an empty status counts as down
+  states: [{name: vllm-0.service}, {name: vllm-1.service, status: {}}]
+  expected: [vllm-1.service]
+- id: nothing read - every unit
+  states: [{name: vllm-0.service}, {name: vllm-1.service}]
+  expected: [vllm-0.service, vllm-1.service]
+"""
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=case["id"]) for case in yaml.safe_load(UNITS_TO_QUOTE)])
+def test_units_a_rollback_quotes(case):
+    assert units_to_quote(case["states"], ["vllm-0.service", "vllm-1.service"]) == case["expected"]

@@ -1,5 +1,5 @@
-"""vllm_release through Ansible: ansible-doc renders it; a play on localhost queries, promotes, rolls back
-(check mode writes nothing), prunes venvs and reads a journal."""
+"""vllm_release, vllm_release_info and vllm_venv_spec through Ansible: ansible-doc renders them; a play on localhost
+queries, promotes, rolls back (check mode writes nothing), prunes venvs, reads the hand-over report and the servers."""
 from __future__ import annotations
 
 import json
@@ -39,12 +39,18 @@ def plan_file(tmp_path, tmp_path_factory, repo, monkeypatch):
     return path
 
 
-def test_ansible_doc_renders_vllm_release(repo):
-    proc = subprocess.run([os.path.join(BIN, "ansible-doc"), "-M", "library", "vllm_release"], cwd=repo,
+@pytest.mark.parametrize("module,texts", [
+    ("vllm_release_info", ("A release is a vLLM venv, a model revision", "rollback", "target", "failed_release",
+                           "servers", "RETURN VALUES")),
+    ("vllm_release", ("current", "failure", "keep", "RETURN VALUES")),
+    ("vllm_venv_spec", ("exact pins", "flash_attention_excluded", "RETURN VALUES")),
+    ("vllm_journal_info", ("since_usec", "redact", "RETURN VALUES")),
+])
+def test_ansible_doc_renders_the_release_modules(repo, module, texts):
+    proc = subprocess.run([os.path.join(BIN, "ansible-doc"), "-M", "library", module], cwd=repo,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    for text in ("A release is a vLLM venv, a model revision", "rollback_target", "venv_spec", "RETURN VALUES",
-                 "failed_release"):
+    for text in texts:
         assert text in proc.stdout, text
 
 
@@ -53,29 +59,26 @@ def test_query_promote_and_rollback_through_ansible(repo, tmp_path, plan_file):
     venv = tmp_path / "venvs/0.5.4-1a2b3c4d"
     code, results = run_play(repo, tmp_path, f"""\
         - name: Query
-          vllm_release:
+          vllm_release_info:
             path: {record}
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
             venv: {venv}
           register: first
         - name: Promote
           vllm_release:
-            state: promote
             path: {record}
-            release: "{{{{ first.desired }}}}"
+            current: "{{{{ first.desired }}}}"
         - name: Promote again
           vllm_release:
-            state: promote
             path: {record}
-            release: "{{{{ first.desired }}}}"
+            current: "{{{{ first.desired }}}}"
         - name: Query again
-          vllm_release:
+          vllm_release_info:
             path: {record}
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
             venv: {venv}
         - name: Target after a failed warm-up of the only release
-          vllm_release:
-            state: rollback_target
+          vllm_release_info:
             path: {record}
         """)
     assert code == 0, results
@@ -86,7 +89,7 @@ def test_query_promote_and_rollback_through_ansible(repo, tmp_path, plan_file):
     assert promoted["changed"] is True and again["changed"] is False
     assert json.loads(record.read_text())["current"]["id"] == query["desired"]["id"]
     assert (second["is_current"], second["stale_units"]) == (True, [])
-    assert target["target"] is None and target["failed_release"]["id"] == query["desired"]["id"]
+    assert target["rollback"]["target"] is None and target["rollback"]["failed_release"]["id"] == query["desired"]["id"]
 
 
 def test_rolled_back_in_check_mode_writes_nothing(repo, tmp_path):
@@ -98,12 +101,12 @@ def test_rolled_back_in_check_mode_writes_nothing(repo, tmp_path):
     code, results = run_play(repo, tmp_path, f"""\
         - name: Record a rollback
           vllm_release:
-            state: rolled_back
             path: {record}
-            release: {json.dumps(dict(release, id="bbbbbbbbbbbb"))}
-            restored: {json.dumps(release)}
-            serving: true
-            message: vllm-0.service failed
+            current: {json.dumps(release)}
+            failure:
+              release: {json.dumps(dict(release, id="bbbbbbbbbbbb"))}
+              serving: true
+              message: vllm-0.service failed
         """, "--check", "--diff")
     assert code == 0, results
     assert results[0]["changed"] is True
@@ -123,14 +126,12 @@ def test_prune_keeps_the_newest_and_the_recorded_venvs(repo, tmp_path):
     code, results = run_play(repo, tmp_path, f"""\
         - name: Prune in check mode
           vllm_release:
-            state: prune
             path: {record}
             venvs_root: {root}
             keep: 2
           check_mode: true
         - name: Prune
           vllm_release:
-            state: prune
             path: {record}
             venvs_root: {root}
             keep: 2
@@ -154,13 +155,11 @@ def test_venv_spec_checks_the_interpreter_against_the_python_pin(repo, tmp_path,
     debian, too_new = fake_python(tmp_path, "3.11.2"), fake_python(tmp_path, "3.13.0")
     code, results = run_play(repo, tmp_path, f"""\
         - name: Spec on Debian 12's Python
-          vllm_release:
-            state: venv_spec
+          vllm_venv_spec:
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
             python: {debian}
         - name: Spec on a Python newer than 0.8.5.post1 supports
-          vllm_release:
-            state: venv_spec
+          vllm_venv_spec:
             plan: "{{{{ lookup('ansible.builtin.file', '{plan_file}') | from_json }}}}"
             python: {too_new}
           ignore_errors: true
@@ -173,3 +172,52 @@ def test_venv_spec_checks_the_interpreter_against_the_python_pin(repo, tmp_path,
     assert refused["failed"] is True
     assert refused["msg"] == (f"vLLM 0.8.5.post1 needs Python >=3.9,<3.13; {too_new} on {os.uname().nodename} is "
                               "3.13.0. Set vllm_runtime_python to a matching interpreter")
+
+
+def test_release_info_reads_the_report_names_the_servers_and_the_rollback_target(repo, tmp_path):
+    record, report = tmp_path / "releases.json", tmp_path / "handover.json"
+    current = {"id": "bbbbbbbbbbbb", "venv": "/v/b", "replicas": [{"name": "vllm-0"}, {"name": "vllm-1"}]}
+    previous = {"id": "aaaaaaaaaaaa", "venv": "/v/a", "replicas": [{"name": "vllm-0"}]}
+    record.write_text(json.dumps({"schema": 1, "current": current, "previous": previous, "last_failure": None}))
+    report.write_text(json.dumps({"schema": 1, "replicas": {"vllm-0": {"passed": True}}}))
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Read with the node's name
+          vllm_release_info:
+            path: {record}
+            report_path: {report}
+            node: node1
+        - name: Read without a report, for a release being switched to
+          vllm_release_info:
+            path: {record}
+            report_path: {tmp_path / 'none.json'}
+            failed_id: cccccccccccc
+        """, "--check")
+    assert code == 0, results
+    named, bare = results
+    assert named["changed"] is False and named["servers"] == ["node1-vllm-0", "node1-vllm-1"]
+    assert named["report"]["replicas"]["vllm-0"]["passed"] is True
+    assert named["rollback"] == {"target": previous, "failed_release": current}
+    assert (bare["servers"], bare["report"]) == ([], None)
+    assert bare["rollback"] == {"target": current, "failed_release": None}
+
+
+def test_a_promotion_with_keep_protects_the_new_current_and_previous_venvs(repo, tmp_path):
+    root = tmp_path / "venvs"
+    for age, name in enumerate(["older", "a", "b", "newest"]):
+        (root / name).mkdir(parents=True)
+        os.utime(root / name, (1_700_000_000 + age, 1_700_000_000 + age))
+    record = tmp_path / "releases.json"
+    record.write_text(json.dumps({"schema": 1, "current": {"id": "a", "venv": str(root / "older")},
+                                  "previous": None, "last_failure": None}))
+    code, results = run_play(repo, tmp_path, f"""\
+        - name: Promote b and keep one venv
+          vllm_release:
+            path: {record}
+            current: {{id: b, venv: "{root / 'b'}"}}
+            venvs_root: {root}
+            keep: 1
+        """, "--diff")
+    assert code == 0, results
+    assert results[0]["changed"] is True and results[0]["previous"]["id"] == "a"
+    assert results[0]["removed"] == [str(root / "a")]
+    assert sorted(p.name for p in root.iterdir()) == ["b", "newest", "older"]

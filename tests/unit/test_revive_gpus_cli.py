@@ -68,7 +68,7 @@ def test_human_view_of_the_dgx1_matches_the_real_topo_m(fakenvml: Path) -> None:
     done = revive_gpus(fakenvml, "dgx1-v100")
     topo = section(done.stdout, "Topology (as `nvidia-smi topo -m`):", "Legend:")
     rows = [line.split() for line in topo if line.strip()]
-    # reference/nvml.md §3b (InternLM/lmdeploy#4423 capture)
+    # docs/facts/nvml.md §3b (InternLM/lmdeploy#4423 capture)
     assert rows[1:] == [
         ["GPU0", "X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS", "0-19,40-59", "0", "N/A"],
         ["GPU1", "NV1", "X", "NV2", "NV1", "SYS", "NV2", "SYS", "SYS", "0-19,40-59", "0", "N/A"],
@@ -107,9 +107,9 @@ def test_health_findings_of_the_degraded_box(fakenvml: Path) -> None:
     assert "compute process pid 48213 (python3) holds 16384 MiB" in lines[start + 4]
 
 
-CONTRACT_B_KEYS = {"simulated", "driver_version", "driver_branch", "cuda_driver_version", "nvml_version", "count",
+GPU_FACTS_KEYS = {"simulated", "driver_version", "driver_branch", "cuda_driver_version", "nvml_version", "count",
                    "devices", "topology", "summary", "notes"}
-CONTRACT_B_DEVICE_KEYS = {
+GPU_FACTS_DEVICE_KEYS = {
     "index", "name", "uuid", "serial", "pci_bus_id", "pci_device_id", "memory", "compute_capability", "cc_major",
     "cc_minor", "architecture", "bf16", "pcie", "numa_node", "cpu_affinity", "cpus", "socket", "power_limit_w",
     "persistence_mode", "temperature_c", "utilization_gpu_pct", "ecc", "ecc_errors", "retired_pages",
@@ -118,13 +118,13 @@ CONTRACT_B_DEVICE_KEYS = {
 
 
 @pytest.mark.parametrize("profile", ["t4-4x", "dgx1-v100"])
-def test_json_carries_every_contract_b_field(fakenvml: Path, profile: str) -> None:
+def test_json_carries_every_gpu_facts_field(fakenvml: Path, profile: str) -> None:
     done = revive_gpus(fakenvml, profile, "--json")
     assert done.returncode == 0, done.stderr
     gpu = json.loads(done.stdout)
-    assert CONTRACT_B_KEYS <= set(gpu)
+    assert GPU_FACTS_KEYS <= set(gpu)
     for device in gpu["devices"]:
-        assert CONTRACT_B_DEVICE_KEYS <= set(device)
+        assert GPU_FACTS_DEVICE_KEYS <= set(device)
         assert set(device["memory"]) >= {"total_bytes", "used_bytes", "free_bytes"}
         assert set(device["pcie"]) == {"gen_current", "gen_max", "width_current", "width_max"}
         assert set(device["ecc_errors"]) >= {"corrected", "uncorrected"}

@@ -54,7 +54,7 @@ def test_real_entry_point_with_a_lab_profile(repo, chat20b):
     assert "[SIMULATED] from lab profile" in out
 
 
-def test_json_has_the_contracted_keys(capsys, chat20b):
+def test_json_has_the_keys_the_vllm_plan_module_documents(capsys, chat20b):
     result = plan_json(capsys, "--model", chat20b, "--gpus", "v100-pcie-8x")
     for key in ("vllm_version", "args", "env", "replicas", "kv_cache", "reasons", "warnings"):
         assert key in result
@@ -134,7 +134,8 @@ def test_refusal_exits_1_with_the_reason(capsys, tmp_path):
     assert code == 1 and out == ""
     assert err.startswith("revive plan: REFUSED: ") and "awq checkpoints need CC 7.5" in err
     code, out, err = run(capsys, "--model", awq, "--gpus", "v100-pcie-8x", "--json")
-    assert code == 1 and json.loads(out)["refused"] is True and json.loads(out)["source"].startswith("ref §7.3")
+    assert code == 1 and json.loads(out)["refused"] is True
+    assert json.loads(out)["source"].startswith("docs/facts/vllm-volta.md §7.3")
 
 
 @pytest.mark.parametrize("extra, text", [

@@ -10,7 +10,8 @@ import sys
 import textwrap
 
 import pytest
-from ansible.module_utils.revive_release import HostView, StartTiming, build_release, parse_exec_words
+from ansible.module_utils.revive_record.release import HostView, build_release
+from ansible.module_utils.revive_record.systemd import StartTiming, parse_exec_words
 from test_release import _plan_json
 
 BIN = os.path.dirname(sys.executable)

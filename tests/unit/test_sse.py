@@ -1,6 +1,6 @@
 """The streaming client (module_utils/revive_sse.py): SSE framing, what counts as a good answer, TTFT rules.
 
-A scripted server (fake_openai.py) produces each failure a client must notice (reference/lb-and-rolling.md
+A scripted server (fake_openai.py) produces each failure a client must notice (docs/facts/lb-and-rolling.md
 §4.1); the last tests read real streams from the vLLM twin, including one cut by SIGTERM.
 """
 from __future__ import annotations

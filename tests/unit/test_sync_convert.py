@@ -9,11 +9,14 @@ import tracemalloc
 import numpy as np
 import pytest
 from ansible.module_utils.revive_model import read_safetensors_header
-from ansible.module_utils.revive_sync import (
-    MANIFEST_NAME, SyncError, build_manifest, convert_model_bf16_to_fp16, convert_shard_bf16_to_fp16, convert_task,
-    encode_safetensors_header, load_manifest, mark_verified, safetensors_dtypes, sha256_file, verified_manifest,
-    verify_tree,
+from ansible.module_utils.revive_sync.convert import (
+    convert_model_bf16_to_fp16, convert_shard_bf16_to_fp16, encode_safetensors_header,
 )
+from ansible.module_utils.revive_sync.dtype import safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import MANIFEST_NAME, build_manifest, load_manifest, sha256_file
+from ansible.module_utils.revive_sync.tasks import convert_task
+from ansible.module_utils.revive_sync.verify import mark_verified, verified_manifest, verify_tree
 from fixtures.models import write_model
 from safetensors.numpy import load_file
 

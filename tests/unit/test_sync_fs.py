@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from ansible.module_utils.revive_sync import (
-    NETWORK_REASON, SyncError, check_free_space, classify_destination, fs_kind, mount_for_path, parse_mountinfo,
-    resolve_path,
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.mounts import (
+    NETWORK_REASON, classify_destination, fs_kind, mount_for_path, parse_mountinfo, resolve_path,
 )
+from ansible.module_utils.revive_sync.space import check_free_space
 
 # A V100 node as it is often found: root on NVMe, /data on a local SSD, the model share on NFS, a home dir over
 # sshfs, a scratch area on CIFS, and a bind mount of the NFS share under /data (the trap).

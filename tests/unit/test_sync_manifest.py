@@ -6,10 +6,13 @@ import json
 import os
 
 import pytest
-from ansible.module_utils.revive_sync import (
-    HASH_CACHE, MANIFEST_NAME, Manifest, ManifestFile, SyncError, build_manifest, decide_dtypes, load_manifest,
-    manifest_from_dict, manifest_task, pending_transfer, safetensors_dtypes, save_hash_cache, stat_key, verify_tree,
+from ansible.module_utils.revive_sync.dtype import decide_dtypes, safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import (
+    HASH_CACHE, MANIFEST_NAME, Manifest, ManifestFile, build_manifest, load_manifest, manifest_from_dict,
 )
+from ansible.module_utils.revive_sync.tasks import manifest_task
+from ansible.module_utils.revive_sync.verify import pending_transfer, save_hash_cache, stat_key, verify_tree
 from fixtures.models import write_model
 
 
@@ -188,7 +191,7 @@ def test_manifest_task_refuses_a_stale_manifest(model):
 
 
 def test_manifest_task_on_a_read_only_source_returns_the_manifest_with_a_warning(model, monkeypatch):
-    import ansible.module_utils.revive_sync as revive_sync
+    import ansible.module_utils.revive_sync.tasks as revive_sync
 
     def read_only(path, data, mode=0o644):
         raise OSError(30, "Read-only file system", path)
@@ -216,7 +219,7 @@ def test_bf16_on_volta_is_refused_with_the_fix():
     assert decision.error == (
         "the model has BF16 weights (model-00001.safetensors, model-00002.safetensors) but the GPUs of node1 have no "
         "BF16 (compute capability below 8.0, e.g. V100); vLLM 0.5.4 refuses them with 'Bfloat16 is only supported "
-        "on GPUs with compute capability of at least 8.0' (reference/vllm-0.5.4-and-volta.md §1.4). Sync an FP16 "
+        "on GPUs with compute capability of at least 8.0' (docs/facts/vllm-volta.md §1.4). Sync an FP16 "
         "revision of the model, or set model_sync_convert_bf16: true to convert it to FP16 on the node (values "
         "beyond FP16's ±65504 are counted and reported).")
 

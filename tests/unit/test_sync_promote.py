@@ -7,10 +7,12 @@ import shutil
 import stat
 
 import pytest
-from ansible.module_utils.revive_sync import (
-    MANIFEST_NAME, VERIFIED_MARKER, SyncError, build_manifest, converting_path, mark_verified, promote_task,
-    safetensors_dtypes, staging_path, swap_symlink,
-)
+from ansible.module_utils.revive_sync.dtype import safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import MANIFEST_NAME, VERIFIED_MARKER, build_manifest
+from ansible.module_utils.revive_sync.promote import converting_path, staging_path, swap_symlink
+from ansible.module_utils.revive_sync.tasks import promote_task
+from ansible.module_utils.revive_sync.verify import mark_verified
 from fixtures.models import write_model
 
 GROUP = grp.getgrgid(os.getgid()).gr_name

@@ -5,10 +5,12 @@ import os
 import shutil
 
 import pytest
-from ansible.module_utils.revive_sync import (
-    MANIFEST_NAME, VERIFIED_MARKER, DtypePolicy, RsyncSource, SyncError, build_manifest, parse_rsync_stats,
-    rsync_argv, safetensors_dtypes, stage_task, verified_manifest,
-)
+from ansible.module_utils.revive_sync.dtype import DtypePolicy, safetensors_dtypes
+from ansible.module_utils.revive_sync.errors import SyncError
+from ansible.module_utils.revive_sync.manifest import MANIFEST_NAME, VERIFIED_MARKER, build_manifest
+from ansible.module_utils.revive_sync.rsync import RsyncSource, parse_rsync_stats, rsync_argv
+from ansible.module_utils.revive_sync.tasks import stage_task
+from ansible.module_utils.revive_sync.verify import verified_manifest
 from fixtures.models import write_model
 
 POLICY = DtypePolicy(gpu_bf16=False, convert_bf16=False, allowed_dtypes=())

@@ -1,4 +1,4 @@
-"""The twin's OpenAI API against vLLM 0.5.4's shapes (reference/vllm-0.5.4-and-volta.md §4-§5): streams and
+"""The twin's OpenAI API against vLLM 0.5.4's shapes (docs/facts/vllm-volta.md §4-§5): streams and
 full responses of both endpoints, usage accounting, errors, auth, /metrics in both frontend modes, HTTP/1.1."""
 from __future__ import annotations
 

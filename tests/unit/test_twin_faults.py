@@ -1,4 +1,4 @@
-"""How the twin fails, as vLLM 0.5.4 does (reference/lb-and-rolling.md §4.3-§4.4), and its fault knobs
+"""How the twin fails, as vLLM 0.5.4 does (docs/facts/lb-and-rolling.md §4.3-§4.4), and its fault knobs
 (lab/vllm_twin/README.md): SIGTERM/SIGKILL cut open streams, draining only where 0.5.4 drains; every knob
 shows its behaviour, is reported at start and in /version, and does nothing when unset."""
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_invalid_knob_values_stop_the_twin_with_a_message(models, tmp_path):
 
 
 def test_stopping_before_draining_loses_the_open_streams_and_draining_first_loses_none(models, tmp_path):
-    """The twin side of a rolling re-provision (reference/lb-and-rolling.md §0.7): drain, wait, then stop."""
+    """The twin side of a rolling re-provision (docs/facts/lb-and-rolling.md §0.7): drain, wait, then stop."""
     (tmp_path / "drained").mkdir()
     drained = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "drained")
     threads, results = open_streams(drained, 3, max_tokens=300)

@@ -1,5 +1,5 @@
-"""The twin's command line equals vLLM 0.5.4's: every argument of the reference table (reference/
-vllm-0.5.4-and-volta.md §2.1) and of data/vllm-releases.yml's 0.5.4 CLI table, and argparse's exit 2."""
+"""The twin's command line equals vLLM 0.5.4's: every argument of the table in docs/facts/vllm-volta.md §2.1 and
+of data/vllm-releases.yml's 0.5.4 CLI table, and argparse's exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "lab" / "vllm_twin" / "src"))
 from vllm.engine.arg_utils import nullable_str  # noqa: E402
 from vllm.entrypoints.openai.cli_args import build_parser  # noqa: E402
 
-REFERENCE = Path(os.environ.get("REVIVE_SHARED", REPO.parent / "shared")) / "reference" / "vllm-0.5.4-and-volta.md"
+FACTS = REPO / "docs" / "facts" / "vllm-volta.md"
 
 # One argument, normalised: (flags, action, type, default, choices, nargs)
 Row = Tuple[Tuple[str, ...], str, Optional[str], object, Optional[Tuple[str, ...]], Optional[str]]
@@ -42,9 +42,9 @@ def parser_rows() -> Dict[str, Row]:
     return rows
 
 
-def reference_rows(text: str) -> Dict[str, Row]:
+def facts_table_rows(text: str) -> Dict[str, Row]:
     """The §2.1 markdown table: | # | Flag(s) | Action / type | Default | Choices / nargs | Source |."""
-    section = text.split("### 2.1", 1)[1].split("### 2.2", 1)[0]
+    section = re.split(r"^## 2\.2 ", re.split(r"^## 2\.1 ", text, maxsplit=1, flags=re.M)[1], maxsplit=1, flags=re.M)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -65,7 +65,7 @@ def reference_rows(text: str) -> Dict[str, Row]:
     return rows
 
 
-# data/vllm-releases.yml names a type where 0.5.4 declares none (the reference table and the 0.5.4 code
+# data/vllm-releases.yml names a type where 0.5.4 declares none (the facts table and the 0.5.4 code
 # agree: no `type=`): --distributed-executor-backend "str" (argparse passes the string through either
 # way) and --enable-chunked-prefill "bool" (StoreBoolean converts the value itself). Same behaviour, so
 # the comparison treats those two annotations as "no type".
@@ -97,13 +97,9 @@ def _differences(expected: Dict[str, Row], actual: Dict[str, Row]) -> List[str]:
     return problems
 
 
-def _sources() -> List[str]:
-    return ["data/vllm-releases.yml"] + (["reference §2.1"] if REFERENCE.is_file() else [])
-
-
-@pytest.mark.parametrize("source", _sources())
+@pytest.mark.parametrize("source", ["data/vllm-releases.yml", "docs/facts/vllm-volta.md §2.1"])
 def test_parser_equals_the_054_table(source):
-    table = release_rows() if source == "data/vllm-releases.yml" else reference_rows(REFERENCE.read_text())
+    table = release_rows() if source == "data/vllm-releases.yml" else facts_table_rows(FACTS.read_text())
     assert len(table) == 99
     assert _differences(table, parser_rows()) == []
 

@@ -1,4 +1,5 @@
-"""data/vllm-releases.yml through its loader: content from the reference, validation, argv checking."""
+"""data/vllm-releases.yml through its loader: content from the reference (docs/facts/vllm-volta.md), validation,
+argv checking."""
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,7 @@ def test_the_file_holds_the_required_releases(data):
 def test_054_has_the_full_cli_table_of_the_reference(data):
     release = data.release("0.5.4")
     assert release.cli_complete is True
-    assert len(release.arguments) == 99  # ref §2.1: 99 actions plus -h
+    assert len(release.arguments) == 99  # docs/facts/vllm-volta.md §2.1: 99 actions plus -h
     assert release.argument("--block-size").choices == ("8", "16", "32")
     assert release.argument("-tp").flags == ("--tensor-parallel-size", "-tp")
     assert release.argument("--swap-space").type == "int"

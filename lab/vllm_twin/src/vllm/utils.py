@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence
 
 
 class FlexibleArgumentParser(argparse.ArgumentParser):
-    """argparse, accepting `--foo_bar` for `--foo-bar` as 0.5.4 does (reference §2.1).
+    """argparse, accepting `--foo_bar` for `--foo-bar` as 0.5.4 does (docs/facts/vllm-volta.md §2.1).
 
     Only the option name is rewritten; the value after `=` is left alone. Everything else (unknown flags,
     bad types, bad choices: exit 2 with argparse's message) is plain argparse, as in 0.5.4.

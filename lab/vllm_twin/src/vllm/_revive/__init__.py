@@ -1,12 +1,13 @@
-"""The project's module_utils (model facts, KV sizing, topology) inside the twin.
+"""The project's module_utils (model facts, KV sizing, topology, performance model) inside the twin.
 
-The twin reuses module_utils/revive_model.py, revive_kv.py and revive_topology.py instead of
-re-implementing them, so the planner's estimate and the twin's `# GPU blocks` line come from one code.
-Those files import each other as `ansible.module_utils.revive_*` (how AnsiballZ bundles them). The wheel
-carries copies in vllm/_revive/module_utils/ (lab/vllm_twin/build_wheelhouse.py puts them there); a
-source checkout uses the repository's module_utils/. Either directory is appended to
-`ansible.module_utils.__path__`; where ansible is not installed (lab nodes) a bare namespace stands in,
-as bin/revive_cli/__init__.py does.
+The twin reuses module_utils/revive_model.py, revive_kv.py, revive_topology.py and revive_perf.py instead
+of re-implementing them, so the planner and the twin share one code: the twin's `# GPU blocks` line is the
+planner's KV estimate, and its step timing comes from the planner's performance model (revive_perf.py).
+They are imported as `ansible.module_utils.revive_*`, the names modules use (how AnsiballZ bundles them).
+The wheel carries copies of these four files (BUNDLED_MODULE_UTILS of lab/vllm_twin/build_wheelhouse.py)
+in vllm/_revive/module_utils/; a source checkout uses the repository's module_utils/. Either directory is
+appended to `ansible.module_utils.__path__`; where ansible is not installed (lab nodes) a bare namespace
+stands in, as bin/revive_cli/__init__.py does.
 """
 from __future__ import annotations
 

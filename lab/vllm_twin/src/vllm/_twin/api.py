@@ -1,7 +1,7 @@
 """The OpenAI-compatible API of vLLM 0.5.4 over the twin's engine.
 
 Routes, JSON and SSE shapes, ids, errors and auth follow v0.5.4 api_server.py, serving_chat.py,
-serving_completion.py, serving_engine.py and protocol.py (reference/vllm-0.5.4-and-volta.md §5):
+serving_completion.py, serving_engine.py and protocol.py (docs/facts/vllm-volta.md §5):
 * `chat-<hex>` / `cmpl-<hex>` ids; chat streams start with a role-only chunk sent with the first token
   (after prefill), chunks use exclude_unset (chat) or carry every field (completions), the last chunk
   has finish_reason and stop_reason, `stream_options.include_usage` puts a running usage on every chunk

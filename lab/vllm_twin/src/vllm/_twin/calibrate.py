@@ -1,10 +1,14 @@
-"""Closed-loop load on the engine core in virtual time: the calibration against the field notes.
+"""Closed-loop load on the engine core in virtual time: the calibration against the field report.
 
 The same Engine and PerfModel the server runs, driven by a virtual clock, with `concurrency` clients
-that each send a request, wait for it to finish and send the next one at once (the field notes' load
-test: asyncio client with a semaphore, prompts of at most 256 tokens, max_tokens=200, streaming).
-Ten simulated minutes per level take a few seconds, so the constants in perf.py can be fitted here;
-bench/twin_calibration.py then checks the live HTTP server against the same table.
+that each send a request, wait for it to finish and send the next one at once (the field report's load
+test, docs/field-report.md ('Load test method'): asyncio client with a semaphore, prompts of at most 256
+tokens, max_tokens=200, streaming). Ten simulated minutes per level take a few seconds. The constants of the
+step time live in module_utils/revive_perf.py (the planner's performance model, which perf.py re-exports);
+the field table is data/field-calibration.yml. tests/unit/test_perf_calibration.py runs `run_level` against
+that table and asserts it; bench/twin_calibration_test.py prints the same levels, and the live HTTP server's,
+beside the table. This file holds no copy of the table and does not read it: the wheel carries this file
+to the lab nodes, and the twin's wheel does not depend on PyYAML.
 """
 from __future__ import annotations
 
@@ -18,12 +22,6 @@ from vllm._twin.engine import Engine, EngineConfig, SamplingParams, SequenceGrou
 from vllm._twin.perf import PerfModel
 from vllm._twin.tokens import CHAT_BOS_TOKENS, CHAT_GENERATION_PROMPT_TOKENS, CHAT_TOKENS_PER_MESSAGE
 
-# The field notes' table (docs/field-notes.md "Results"), for printing beside the twin's numbers.
-FIELD_NOTES = {
-    16: {"ttft_p50": 2.1, "throughput": 464.0},
-    32: {"ttft_p50": 3.9, "throughput": 768.0},
-    64: {"per_stream": 18.0, "e2e_p95_above": 12.0},
-}
 CLIENT_TURNAROUND_SECONDS = 0.003  # client parses the last chunk and sends the next request
 
 

@@ -5,7 +5,7 @@ This module has no clock and no I/O. The caller asks `schedule(now)` for the nex
 token per scheduled sequence and returns what each request got. The live server drives it with the
 wall clock (runner.py); the calibration drives it with a virtual clock (calibrate.py): the same code.
 
-Scheduling follows v0.5.4 vllm/core/scheduler.py `_schedule_default` (reference/vllm-0.5.4-and-volta.md
+Scheduling follows v0.5.4 vllm/core/scheduler.py `_schedule_default` (docs/facts/vllm-volta.md
 §3.4-§3.5): if nothing is swapped, waiting prompts are admitted first-come-first-served within the token
 budget (`max_num_batched_tokens`), the sequence budget (`max_num_seqs`, running sequences included) and
 the KV blocks (admission keeps a 1 % watermark free); a step that admits prompts runs only prefills.

@@ -1,7 +1,7 @@
 """`/metrics` as vLLM 0.5.4 exposes it: the text prometheus_client's generate_latest() writes.
 
 Names, types, HELP texts, labels and buckets are 0.5.4's (v0.5.4 vllm/engine/metrics.py:31-183,
-reference/vllm-0.5.4-and-volta.md §4.1). Like prometheus_client, a labelled series appears only once
+docs/facts/vllm-volta.md §4.1). Like prometheus_client, a labelled series appears only once
 something set it: gauges and counters at the first stats log (every engine step, and every 10 s from the
 API server), histograms at their first observation. `_created` series are disabled, as in 0.5.4.
 

@@ -1,7 +1,7 @@
 """Start-up of the twin: vLLM 0.5.4's configuration checks, worker start, model load, KV sizing and
 CUDA-graph capture, in 0.5.4's order, with its messages and exception types.
 
-Sources (reference/vllm-0.5.4-and-volta.md and the 0.5.4 code it cites):
+Sources (sections of docs/facts/vllm-volta.md, and the 0.5.4 code they cite):
 * EngineArgs.create_engine_config: ModelConfig (dtype §1.4, max_model_len §2.1, quantization §7.3),
   CacheConfig (`GPU memory utilization must be less than 1.0`), ParallelConfig (mp backend; more GPUs
   than visible: the Ray path, since a real `pip install vllm==0.5.4` brings ray), SchedulerConfig

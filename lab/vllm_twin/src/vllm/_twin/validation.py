@@ -1,6 +1,6 @@
 """Request bodies checked the way 0.5.4's pydantic models check them (protocol.py), with FastAPI's error
 text: 0.5.4 answers a validation failure with 400 and `str(RequestValidationError)` as the message, i.e.
-the Python repr of pydantic's error list (reference/vllm-0.5.4-and-volta.md §5.4), e.g.
+the Python repr of pydantic's error list (docs/facts/vllm-volta.md §5.4), e.g.
 `[{'type': 'extra_forbidden', 'loc': ('body', 'max_completion_tokens'), 'msg': 'Extra inputs are not
 permitted', 'input': 100}]`. OpenAI models forbid extra fields, which is why `max_completion_tokens`
 (newer OpenAI clients) is refused by 0.5.x.

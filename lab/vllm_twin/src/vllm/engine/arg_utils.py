@@ -1,7 +1,7 @@
 """Engine arguments of vLLM 0.5.4, as its command line exposes them.
 
 Every flag, type, default, choice and nargs below is taken from the generated table in
-reference/vllm-0.5.4-and-volta.md §2.1 (rows 21-98); tests/unit/test_twin_parser.py checks the parser
+docs/facts/vllm-volta.md §2.1 (rows 21-98); tests/unit/test_twin_parser.py checks the parser
 against that table. Help texts are the twin's own short descriptions.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
-# The quantization choices of 0.5.4's QUANTIZATION_METHODS, in its order, plus None (reference §2.1 row 56).
+# The quantization choices of 0.5.4's QUANTIZATION_METHODS, in its order, plus None
+# (docs/facts/vllm-volta.md §2.1, row 56).
 QUANTIZATION_METHODS = [
     "aqlm", "awq", "deepspeedfp", "fp8", "fbgemm_fp8", "marlin", "gptq_marlin_24", "gptq_marlin",
     "awq_marlin", "gptq", "squeezellm", "compressed-tensors", "bitsandbytes", "qqq",
@@ -27,7 +28,7 @@ def nullable_str(val: str) -> Optional[str]:
 
 
 class StoreBoolean(argparse.Action):
-    """`--enable-chunked-prefill [true|false]` (reference §2.1 row 79)."""
+    """`--enable-chunked-prefill [true|false]` (docs/facts/vllm-volta.md §2.1 row 79)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values.lower() == "true":
@@ -40,7 +41,7 @@ class StoreBoolean(argparse.Action):
 
 @dataclass
 class EngineArgs:
-    """Defaults of 0.5.4's EngineArgs (reference §2.1)."""
+    """Defaults of 0.5.4's EngineArgs (docs/facts/vllm-volta.md §2.1)."""
 
     model: str = "facebook/opt-125m"
     served_model_name: Optional[List[str]] = None
@@ -121,7 +122,7 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Rows 21-96 of reference §2.1, in that order."""
+        """Rows 21-96 of docs/facts/vllm-volta.md §2.1, in that order."""
         d = EngineArgs
         add = parser.add_argument
         add("--model", type=str, default=d.model, help="Name or path of the model to serve.")
@@ -256,7 +257,7 @@ class AsyncEngineArgs(EngineArgs):
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:  # type: ignore[override]
-        """Rows 97-98 of reference §2.1 after the EngineArgs rows."""
+        """Rows 97-98 of docs/facts/vllm-volta.md §2.1 after the EngineArgs rows."""
         parser = EngineArgs.add_cli_args(parser)
         parser.add_argument("--engine-use-ray", action="store_true", help="Run the engine in a Ray actor.")
         parser.add_argument("--disable-log-requests", action="store_true", help="Disable logging requests.")

@@ -1,0 +1,156 @@
+"""Hand-over and rolling decisions: is a node handed over, what became of it, does the roll go on.
+
+Pure functions over what the handover role and playbooks/rolling.yml gather - the node's release record and
+hand-over report (vllm_release_info), its servers' modes in the front door (haproxy_server through the frontdoor
+role's entry point `servers`), and the outcome of each step. filter_plugins/revive.py makes them Jinja filters;
+tests/unit/test_handover.py checks each against a table of cases.
+
+The hand-over of a node (roles/handover): warm up every replica of the release its record names as current while
+its servers are in maintenance; all pass -> READY. A failure rolls the node back to its previous release (vllm_service's
+entry point `rollback`), which is warmed up and handed over only if it passes; otherwise the node stays out (MAINT).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+NO_FRONT_DOOR_NOTE = " (no front door: the inventory has no lb host; clients call the replicas directly)"
+STAYS_OUT = "the node stays out of the front door (MAINT)"
+
+
+def failure_message(result: Mapping[str, Any], task: Any = None, fallback: str = "the task") -> str:
+    """'<failed task>: <msg>' from a rescue's ansible_failed_result and ansible_failed_task.
+
+    A loop's result holds one result per item: the messages of the failed items, joined by '; '.
+    """
+    name = (task.get("name") if isinstance(task, Mapping) else task) or fallback
+    result = result or {}
+    if "results" in result:
+        text = "; ".join(str(item.get("msg", "")) for item in result["results"] or []
+                         if isinstance(item, Mapping) and item.get("failed"))
+    else:
+        text = str(result.get("msg", ""))
+    return f"{name}: {text}"
+
+
+def _id(release: Optional[Mapping[str, Any]], missing: str = "?") -> str:
+    return str(release.get("id", missing)) if isinstance(release, Mapping) else missing
+
+
+def handover_state(info: Mapping[str, Any], front_door: Mapping[str, Any], check_mode: bool = False) -> Dict[str, Any]:
+    """Whether the node is handed over for the release it runs, and whether to warm it up.
+
+    `info` is vllm_release_info's result (current, report, servers), `front_door` the frontdoor role's
+    frontdoor_node_servers_now ({front_door: the LB host or '', servers: their states or None when unread}).
+    Handed over: every replica of the current release passed its last warm-up for exactly this release, and -
+    where there is a front door - every one of its servers is READY. Check mode cannot warm up a node that has
+    no release yet.
+    """
+    release = info.get("current") or None
+    replicas = [replica.get("name") for replica in (release or {}).get("replicas") or []]
+    report = info.get("report") if isinstance(info.get("report"), Mapping) else {}
+    reports = report.get("replicas") if isinstance(report.get("replicas"), Mapping) else {}
+    passed = [name for name, entry in reports.items()
+              if name in replicas and isinstance(entry, Mapping) and entry.get("passed")
+              and (entry.get("release") or {}).get("id", "") == _id(release, "")]
+    has_front_door = bool(front_door.get("front_door"))
+    servers = front_door.get("servers")
+    servers_ready = not has_front_door or (isinstance(servers, Mapping)
+                                           and all(s.get("mode") == "ready" for s in servers.values()))
+    handed_over = release is not None and len(replicas) > 0 and len(passed) == len(replicas) and servers_ready
+    return {"release": release, "servers": list(info.get("servers") or []), "front_door": has_front_door,
+            "check_mode": bool(check_mode), "handed_over": handed_over,
+            "warm_up": not handed_over and not (release is None and check_mode)}
+
+
+def restored_release(info: Mapping[str, Any], failed_release: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """After a rollback, the release to warm up and hand over: the record's current one, if the rollback says it
+    serves again and it is not the release that failed; else None."""
+    current = info.get("current") or None
+    serving = bool((info.get("last_failure") or {}).get("restored_serving"))
+    if current and serving and current.get("id") != _id(failed_release, ""):
+        return dict(current)
+    return None
+
+
+def handover_result(state: Mapping[str, Any], node: str, record_path: str = "", warmed: Optional[Mapping] = None,
+                    failure: Optional[str] = None, failed_release: Optional[Mapping] = None,
+                    rollback_message: str = "", restored: Optional[Mapping] = None,
+                    restored_failure: Optional[str] = None) -> Dict[str, Any]:
+    """What became of the node: {node, status: serving | rolled_back | out, release, message}.
+
+    `state` is handover_state's; `warmed` the release that warmed up and went READY; `failure` why its warm-up
+    failed, `failed_release` which release that was; `rollback_message` the rollback's account ('' when none
+    ran); `restored` the release the rollback restored and that serves again; `restored_failure` why that one
+    failed its warm-up too.
+    """
+    note = "" if state.get("front_door") else NO_FRONT_DOOR_NOTE
+    release = state.get("release")
+    if state.get("handed_over"):
+        return {"node": node, "status": "serving", "release": _id(release, None),
+                "message": f"{node}: already handed over with release {_id(release)}{note}"}
+    if not state.get("warm_up"):
+        return {"node": node, "status": "out", "release": None,
+                "message": f"check mode: {node} has no release recorded in {record_path} yet (run without --check to "
+                           "provision it); would warm up its replicas and set them READY"}
+    if failure is None:
+        return {"node": node, "status": "serving", "release": _id(warmed, None),
+                "message": f"{node}: warmed up and handed over with release {_id(warmed)}{note}"}
+    failed = f"{node}: release {_id(failed_release)} failed ({failure.strip()})"
+    if restored and restored_failure is None:
+        return {"node": node, "status": "rolled_back", "release": _id(restored),
+                "message": f"{failed}; rolled back to release {_id(restored)}, which warmed up and serves"}
+    if restored:
+        return {"node": node, "status": "out", "release": _id(restored),
+                "message": f"{failed}; the restored release {_id(restored)} failed its warm-up too "
+                           f"({restored_failure.strip()}); {STAYS_OUT}"}
+    rollback = (f"rollback: {rollback_message.strip()}" if rollback_message
+                else "not rolled back (check mode, or handover_rollback is false)")
+    return {"node": node, "status": "out", "release": None, "message": f"{failed}; {rollback}; {STAYS_OUT}"}
+
+
+def served_model_name(argv: Sequence[str]) -> str:
+    """The model name the replica serves (what warm-up requests ask for): --served-model-name, else --model."""
+    words = list(argv)
+    flag = "--served-model-name" if "--served-model-name" in words else "--model"
+    return str(words[words.index(flag) + 1])
+
+
+# --- rolling ----------------------------------------------------------------------------------------------
+
+def roll_node_result(handover: Mapping[str, Any], target_id: str, switch_failure: Optional[str] = None) -> Dict[str, Any]:
+    """One node's outcome in a roll: did it take the target release, does it serve, and why.
+
+    `handover` is the handover role's handover_result; `switch_failure` why the drain or the switch failed (the
+    node then runs its old, restored release, handed back without a further rollback).
+    """
+    message = str(handover.get("message", ""))
+    if switch_failure is not None:
+        message = f"{handover.get('node')}: release {target_id} failed ({switch_failure.strip()}); {message}"
+    return {"node": handover.get("node"), "target": target_id,
+            "took_release": switch_failure is None and handover.get("status") == "serving",
+            "serving": handover.get("status") != "out", "message": message}
+
+
+def roll_policy(results: Sequence[Mapping[str, Any]], hosts: Sequence[str], max_fail_percent: Any) -> Dict[str, Any]:
+    """Does the roll go on? It stops as soon as more than `max_fail_percent` of the play's nodes (`hosts`) did
+    not take the release; `results` are the roll_node_result of the nodes rolled so far."""
+    results, hosts = list(results), list(hosts)  # Jinja's map() hands over a generator
+    failed = [result for result in results if not result.get("took_release")]
+    rolled = {result.get("node") for result in results}
+    untouched = [host for host in hosts if host not in rolled]
+    failed_percent = round(len(failed) * 100.0 / len(hosts), 1) if hosts else 0.0
+    stop = failed_percent > float(max_fail_percent)
+    message = (f"Roll stopped by policy: {len(failed)} of {len(hosts)} node(s) ({failed_percent} %) did not take "
+               f"the release, more than revive_rolling_max_fail_percent {max_fail_percent} %. "
+               f"{'. '.join(str(result.get('message', '')).strip() for result in failed)}. Not rolled (still on "
+               f"their release, in the front door): {', '.join(untouched) or 'none'}.")
+    return {"stop": stop, "failed_percent": failed_percent, "message": message if stop else ""}
+
+
+def roll_summary(results: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The end of a roll: it fails when nodes were left on their old release, even within the policy's budget."""
+    results = list(results)  # Jinja's map() hands over a generator
+    left: List[Mapping[str, Any]] = [result for result in results if not result.get("took_release")]
+    return {"failed": bool(left), "messages": [str(result.get("message", "")) for result in results],
+            "message": (f"The roll finished, but {', '.join(str(r.get('node')) for r in left)} did not take the "
+                        f"release: {' '.join(str(r.get('message', '')) for r in left)}") if left else ""}

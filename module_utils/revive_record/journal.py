@@ -1,0 +1,60 @@
+"""The journal excerpt of a failed start: the messages of one run of a unit, secrets masked."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Sequence
+
+
+def _message(entry: Dict[str, Any]) -> str:
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):  # journalctl -o json writes non-UTF-8 messages as byte arrays
+        message = bytes(int(b) & 0xFF for b in message).decode("utf-8", "replace")
+    return str(message if message is not None else "")
+
+
+def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Sequence[str] = (),
+                    since_usec: int = 0) -> List[str]:
+    """The last `lines` messages of one run of a unit, from `journalctl -u UNIT -o json` entries (oldest first).
+
+    A run is an invocation: its output carries _SYSTEMD_INVOCATION_ID, systemd's own messages about it
+    INVOCATION_ID. With `since_usec` (a switch's start, CLOCK_REALTIME in microseconds) it is the first run
+    that began after it - the start that failed, not a later automatic restart, nor the old run being stopped;
+    without, the last run (a failed warm-up of the running release). Without invocation ids, the last entries.
+    Secrets in `redact` are masked, in case a process printed one.
+    """
+    first_seen: Dict[str, int] = {}
+    for entry in entries:
+        for key in ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID"):
+            invocation = entry.get(key)
+            if invocation:
+                stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
+                first_seen[invocation] = min(first_seen.get(invocation, stamp), stamp)
+    if since_usec:
+        candidates = [i for i, stamp in first_seen.items() if stamp >= since_usec]
+        chosen_id = min(candidates, key=lambda i: first_seen[i]) if candidates else None
+    else:
+        chosen_id = max(first_seen, key=lambda i: first_seen[i]) if first_seen else None
+    if chosen_id is not None:
+        chosen = [e for e in entries if chosen_id in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))]
+    elif since_usec:
+        chosen = [e for e in entries if int(e.get("__REALTIME_TIMESTAMP") or 0) >= since_usec]
+    else:
+        chosen = list(entries)
+    messages = [_message(entry) for entry in chosen][-lines:] if lines > 0 else []
+    for secret in (s for s in redact if s):
+        messages = [message.replace(secret, "********") for message in messages]
+    return messages
+
+
+def units_to_quote(states: Sequence[Dict[str, Any]], units: Sequence[str]) -> List[str]:
+    """Which units of a failed release a rollback quotes the journal of: those not active, then those active but
+    restarted by systemd; when none is either (a failed warm-up of a running release), all of `units`.
+
+    `states` are the systemd_service results of reading the units before they are stopped (`name`, and
+    `status` with ActiveState and NRestarts); a result without `status` is left out.
+    """
+    read = [state for state in states if isinstance(state.get("status"), Mapping)]
+    units = list(units)
+    down = [state["name"] for state in read if state["status"].get("ActiveState") != "active"]
+    restarted = [state["name"] for state in read if state["status"].get("ActiveState") == "active"
+                 and str(state["status"].get("NRestarts")) != "0"]
+    return (down + restarted) or units

@@ -1,0 +1,63 @@
+"""filter_plugins/revive.py through Ansible: the project's ansible.cfg loads it, its filters reach the decisions in
+module_utils (tests/unit/test_handover.py has their tables), and a rescue's failed result becomes its message."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+BIN = os.path.dirname(sys.executable)
+
+
+def test_the_filters_work_in_a_play_with_the_projects_configuration(repo, tmp_path):
+    play = tmp_path / "play.yml"
+    play.write_text(textwrap.dedent("""\
+        - name: Filters
+          hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: Fail in a loop
+              block:
+                - name: Check two replicas
+                  ansible.builtin.assert:
+                    that: item != 'vllm-1'
+                    fail_msg: "{{ item }} is down"
+                  loop: [vllm-0, vllm-1]
+              rescue:
+                - name: Keep what failed
+                  ansible.builtin.set_fact:
+                    failure: "{{ ansible_failed_result | failure_message(ansible_failed_task, 'the switch') }}"
+            - name: Decide
+              ansible.builtin.set_fact:
+                state: >-
+                  {{ {'current': {'id': 'a', 'replicas': [{'name': 'vllm-0'}]},
+                      'report': {'replicas': {'vllm-0': {'passed': true, 'release': {'id': 'a'}}}}, 'servers': []}
+                     | handover_state({'front_door': '', 'servers': none}) }}
+                policy: >-
+                  {{ [{'node': 'node1', 'took_release': false, 'message': 'm'}] | map('combine', {})
+                     | roll_policy(['node1', 'node2'], 0) }}
+                quoted: >-
+                  {{ [{'name': 'vllm-0.service', 'status': {'ActiveState': 'failed'}}]
+                     | units_to_quote(['vllm-0.service']) }}
+                model: "{{ ['python', '--model', '/m', '--served-model-name', 'tiny-chat'] | served_model_name }}"
+            - name: Show
+              ansible.builtin.debug:
+                msg: "{{ {'failure': failure, 'state': state, 'policy': policy, 'quoted': quoted, 'model': model} }}"
+        """))
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play)],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    shown = json.loads(proc.stdout)["plays"][0]["tasks"][-1]["hosts"]["localhost"]["msg"]
+    assert shown["failure"] == "Check two replicas: vllm-1 is down"
+    assert (shown["state"]["handed_over"], shown["state"]["warm_up"]) == (True, False)
+    assert shown["policy"]["stop"] is True
+    assert shown["policy"]["message"] == ("Roll stopped by policy: 1 of 2 node(s) (50.0 %) did not take the release, more "
+                                          "than revive_rolling_max_fail_percent 0 %. m. Not rolled (still on their "
+                                          "release, in the front door): node2.")
+    assert shown["quoted"] == ["vllm-0.service"]
+    assert shown["model"] == "tiny-chat"
