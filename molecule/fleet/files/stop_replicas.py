@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Stop vLLM replicas the way systemd's default KillMode=control-group does: SIGTERM to every process of the unit
 at once, so vLLM's engine and TP workers die with the API server and open streams end unfinished
-(reference/lb-and-rolling.md §4.3-§4.4). With --wait-busy, each replica is stopped only once vLLM reports a request
+(docs/facts/lb-and-rolling.md §4.3-§4.4). With --wait-busy, each replica is stopped only once vLLM reports a request
 running (its /metrics gauge), so a stop "while it serves" is sure to meet one: the signals go straight to the
 processes of the unit's cgroup (what systemd's control-group kill does) within a millisecond of the gauge's answer,
 not through a systemctl round trip in which a short answer could end. Prints what it did as JSON.
