@@ -27,7 +27,7 @@ fakenvml:
 	$(MAKE) -C lab/fakenvml
 
 unit: venv fakenvml
-	$(ACT) python -m pytest -q tests/unit
+	$(ACT) python -m pytest -q -n auto --dist loadfile tests/unit
 
 lint: venv
 	$(ACT) ansible-lint

@@ -154,3 +154,29 @@ def roll_summary(results: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return {"failed": bool(left), "messages": [str(result.get("message", "")) for result in results],
             "message": (f"The roll finished, but {', '.join(str(r.get('node')) for r in left)} did not take the "
                         f"release: {' '.join(str(r.get('message', '')) for r in left)}") if left else ""}
+
+
+def serial_batch_size(serial: Any, host_count: int) -> int:
+    """The size of a play's first batch for `serial: <serial>` over `host_count` hosts, as Ansible computes it
+    (ansible/executor/playbook_executor.py _get_serialized_batches with ansible/utils/helpers.py pct_to_int):
+    "N%" is int(N / 100 * hosts) with a minimum of 1, a number is itself, 0 or less means every host."""
+    text = str(serial).strip()
+    size = (int(int(text[:-1]) / 100.0 * host_count) or 1) if text.endswith("%") else int(text)
+    return host_count if size <= 0 else min(size, host_count)
+
+
+def roll_batch_check(serial: Any, batch: Sequence[str], hosts: Sequence[str]) -> str:
+    """Did the roll's first batch come out of `serial`? Ansible templates a play's `serial` before any host exists,
+    from extra vars, play vars and role defaults only: a revive_rolling_serial in the inventory never reaches it.
+    Returns the refusal ("" when the batch is as asked, or when `batch` is not the play's first)."""
+    batch, hosts = list(batch), list(hosts)
+    if not batch or not hosts or batch[0] != hosts[0]:
+        return ""
+    expected = serial_batch_size(serial, len(hosts))
+    if len(batch) == expected:
+        return ""
+    return (f"revive_rolling_serial is {serial!r} for this host, which asks for a first batch of {expected} of "
+            f"{len(hosts)} node(s), but Ansible made it {len(batch)} ({', '.join(batch)}): Ansible reads a play's "
+            f"`serial` only from extra vars, never from the inventory. Nothing was changed. Pass it on the command "
+            f"line (ansible-playbook ... playbooks/rolling.yml -e revive_rolling_serial={serial}) and remove it from "
+            f"the inventory.")

@@ -221,6 +221,42 @@ def group_transport(name: str, tensor_parallel_size: int, crosses_socket: bool, 
                      TRANSPORTS[name].bandwidth, description)
 
 
+# Paths between two GPUs that cross a PCIe host bridge (nvidia-smi topo -m): NCCL's P2P does not go there on
+# the field's boxes (docs/field-report.md: P2P across SYS hung at "connecting to").
+PCIE_HOST_PATHS = ("PHB", "NODE", "SYS", "SOC")
+
+
+def nvlink_reaches_all(members: Sequence[int], nvlink_pairs: Sequence[Tuple[int, int]]) -> bool:
+    """Does every GPU of `members` reach every other through NVLink hops? NCCL builds its rings over NVLink then,
+    though not every pair has a link (DGX-1's hybrid cube mesh)."""
+    members = list(members)
+    if len(members) <= 1:
+        return False
+    reach, frontier = {members[0]}, [members[0]]
+    while frontier:
+        node = frontier.pop()
+        for a, b in nvlink_pairs:
+            other = b if a == node else a if b == node else None
+            if other is not None and other not in reach:
+                reach.add(other)
+                frontier.append(other)
+    return reach == set(members)
+
+
+def nccl_transport(tensor_parallel_size: int, nvlink_connected: bool, p2p_everywhere: bool, p2p_disabled: bool,
+                   shm_disabled: bool) -> str:
+    """NCCL's transport for one tensor-parallel group, the one choice the planner and the twin share: NVLink when
+    NVLink connects the group (and NCCL_P2P_DISABLE is unset); PCIe P2P when every pair can use it without a host
+    bridge; shared host memory; with NCCL_SHM_DISABLE=1 as well, the network transport over loopback sockets."""
+    if tensor_parallel_size <= 1:
+        return "none"
+    if nvlink_connected and not p2p_disabled:
+        return "nvlink"
+    if p2p_everywhere and not p2p_disabled:
+        return "p2p"
+    return "net" if shm_disabled else "shm"
+
+
 @dataclass(frozen=True)
 class StepCost:
     """One engine step: seconds and how they split (the split feeds the GPU utilisation report)."""

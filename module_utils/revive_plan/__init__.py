@@ -93,15 +93,6 @@ def plan(
     return build_plan(model, gpus, settings, layout, request, decisions)
 
 
-def plan_release(
-    gpu_facts: Dict[str, Any],
-    model: Dict[str, Any],
-    releases: ReleaseData,
-    workload: Optional[Workload] = None,
-    overrides: Optional[Overrides] = None,
-    serve: Optional[Serve] = None,
-    host_ram_bytes: Optional[int] = None,
-    source: Optional[PackageSource] = None,
-) -> Dict[str, Any]:
-    """The plan as the module returns it and the CLI prints it: `plan(...).as_dict()`."""
-    return plan(gpu_facts, model, releases, workload, overrides, serve, host_ram_bytes, source).as_dict()
+def plan_release(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """The plan as the module returns it and the CLI prints it: `plan(...).as_dict()`, same arguments."""
+    return plan(*args, **kwargs).as_dict()

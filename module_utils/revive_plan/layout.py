@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.revive_kv import GiB, KvEstimate, kv_bytes_per_token, kv_cache_plan
-from ansible.module_utils.revive_perf import ModelShape, Prediction, closed_loop, gpu_spec
+from ansible.module_utils.revive_perf import (PCIE_HOST_PATHS, ModelShape, Prediction, closed_loop, gpu_spec,
+                                              nccl_transport, nvlink_reaches_all)
 from ansible.module_utils.revive_plan.gpus import GpuSet
 from ansible.module_utils.revive_plan.inputs import Decisions, Overrides, PlanRefusal, Workload
 from ansible.module_utils.revive_plan.rules import EngineSettings
 
-PCIE_HOST_PATHS = ("PHB", "NODE", "SYS", "SOC")
 PATH_ORDER = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 MAX_NUM_SEQS_HEADROOM = 4          # docs/field-report.md ('Launch command'): --max-num-seqs 128 for concurrency 32
 TIE_MARGIN = 0.03                  # throughput within 3 %: prefer fewer replicas
@@ -44,23 +44,13 @@ def _path_rank(path: str) -> int:
 def describe_group(gpus: GpuSet, members: List[int]) -> Group:
     pairs = [(a, b) for n, a in enumerate(members) for b in members[n + 1:]]
     paths = [gpus.path(a, b) for a, b in pairs]
-    nv = {(a, b) for (a, b), p in zip(pairs, paths) if p.startswith("NV")}
-    # NCCL can ring over NVLink when every GPU reaches every other through NVLink hops.
-    reach = {members[0]} if members else set()
-    frontier = list(reach)
-    while frontier:
-        node = frontier.pop()
-        for a, b in nv:
-            other = b if a == node else a if b == node else None
-            if other is not None and other not in reach:
-                reach.add(other)
-                frontier.append(other)
+    nv = [(a, b) for (a, b), p in zip(pairs, paths) if p.startswith("NV")]
     sockets = {gpus.socket_of(i) for i in members}
     slowest = max(paths, key=_path_rank) if paths else "X"
     return Group(
         gpus=members,
         nvlink_all=bool(pairs) and len(nv) == len(pairs),
-        nvlink_connected=len(members) > 1 and reach == set(members),
+        nvlink_connected=nvlink_reaches_all(members, nv),
         nvlink_any=bool(nv),
         slowest_path=slowest,
         crosses_socket=len(sockets - {None}) > 1,
@@ -99,13 +89,7 @@ def tp_divides_heads(model: Dict[str, Any], tensor_parallel_size: int) -> Option
 
 def transport_for(group: Group, p2p_disabled: bool, shm_disabled: bool) -> str:
     """The NCCL transport (a revive_perf.TRANSPORTS key, or "none") the group's ranks use."""
-    if len(group.gpus) <= 1:
-        return "none"
-    if group.nvlink_connected and not p2p_disabled:
-        return "nvlink"
-    if not p2p_disabled and not group.host_paths:
-        return "p2p"
-    return "net" if shm_disabled else "shm"
+    return nccl_transport(len(group.gpus), group.nvlink_connected, not group.host_paths, p2p_disabled, shm_disabled)
 
 
 def nccl_env(group: Group) -> Tuple[bool, str]:
@@ -287,7 +271,7 @@ def layout_reason(layout: LayoutChoice, workload: Workload) -> str:
             rows.append(f"TP{c.tensor_parallel_size}: {c.why_not}")
     text = (f"{len(chosen.groups)} replica(s) of TP {chosen.tensor_parallel_size} predicted best at concurrency "
             f"{workload.concurrency}: {chosen.throughput():.0f} tok/s total, {p.per_stream_tok_s:g} tok/s per "
-            f"stream, TTFT p50 {p.ttft_p50_s:g} s, p95 e2e {p.e2e_p95_s:g} s (cost model in revive_plan; "
+            f"stream, TTFT p50 {p.ttft_p50_s:g} s, p95 e2e {p.e2e_p95_s:g} s (performance model revive_perf, "
             f"anchored on the notes' TP 8 run). Compared: " + "; ".join(rows))
     tp8 = next((c for c in candidates if c.tensor_parallel_size == 8 and c.feasible and c.prediction), None)
     if tp8 is not None and tp8.prediction is not None and chosen is not tp8:

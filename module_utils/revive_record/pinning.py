@@ -1,28 +1,20 @@
 """CPU lists, and the planner's CPU/NUMA pinning of a replica as the unit applies it on this host."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence
 
 from ansible.module_utils.revive_record import ReleaseError
-from ansible.module_utils.revive_topology import format_cpu_list
+from ansible.module_utils.revive_topology import CpuListError, format_cpu_list
+from ansible.module_utils.revive_topology import parse_cpu_list as topology_cpu_list
 
 
-def parse_cpu_list(text: str) -> List[int]:
-    """'0-19,40-59' (or the kernel's /sys list, or systemd's space-separated form) -> sorted CPU indices."""
-    cpus: Set[int] = set()
-    for part in re.split(r"[,\s]+", (text or "").strip()):
-        if not part:
-            continue
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not match:
-            raise ReleaseError(f"CPU list {text!r}: {part!r} is not N or N-M")
-        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-        if high < low:
-            raise ReleaseError(f"CPU list {text!r}: range {part!r} runs backwards")
-        cpus.update(range(low, high + 1))
-    return sorted(cpus)
+def parse_cpu_list(text: Optional[str]) -> List[int]:
+    """revive_topology.parse_cpu_list (the one CPU-list parser), its error as this package's ReleaseError."""
+    try:
+        return topology_cpu_list(text)
+    except CpuListError as exc:
+        raise ReleaseError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,3 +62,37 @@ def test_the_filters_work_in_a_play_with_the_projects_configuration(repo, tmp_pa
                                           "release, in the front door): node2.")
     assert shown["quoted"] == ["vllm-0.service"]
     assert shown["model"] == "tiny-chat"
+
+
+def test_rolling_refuses_a_serial_that_only_the_inventory_sets(repo, tmp_path):
+    # playbooks/rolling.yml's first own play, run as it is over three local hosts: Ansible templates `serial` before
+    # any host exists, so revive_rolling_serial from group_vars never reaches it; the play must say so.
+    import yaml
+
+    plays = yaml.safe_load((repo / "playbooks" / "rolling.yml").read_text())
+    check = next(play for play in plays if play.get("name") == "Check that revive_rolling_serial reaches the roll's batches")
+    (tmp_path / "check.yml").write_text(yaml.safe_dump([check], sort_keys=False))
+    shutil.copytree(repo / "inventory" / "lab" / "group_vars", tmp_path / "group_vars")  # the lab's site settings
+    (tmp_path / "group_vars" / "gpu_nodes.yml").write_text("revive_rolling_serial: 2\n")
+    (tmp_path / "hosts.ini").write_text("[gpu_nodes]\nnode1\nnode2\nnode3\n\n[gpu_nodes:vars]\nansible_connection=local\n")
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+
+    def run(*extra):
+        proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
+                               str(tmp_path / "check.yml"), *extra],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        return proc, json.loads(proc.stdout)
+
+    proc, report = run()
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr
+    refusals = [task["hosts"]["node1"]["msg"] for play in report["plays"] for task in play["tasks"]
+                if task["hosts"].get("node1", {}).get("failed")]
+    assert refusals and refusals[0].startswith("revive_rolling_serial is 2 for this host, which asks for a first "
+                                                "batch of 2 of 3 node(s), but Ansible made it 1 (node1)")
+    assert "node2" not in json.dumps(report["plays"][0]["tasks"][-1]["hosts"])  # node1 alone was in that batch
+
+    proc, report = run("-e", "revive_rolling_serial=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    batches = [sorted(play["tasks"][-1]["hosts"]) for play in report["plays"]]
+    assert batches == [["node1", "node2"], ["node3"]]

@@ -16,7 +16,9 @@ from ansible.module_utils.revive_handover import (
     restored_release,
     roll_node_result,
     roll_policy,
+    roll_batch_check,
     roll_summary,
+    serial_batch_size,
     served_model_name,
 )
 
@@ -372,6 +374,62 @@ ROLL_SUMMARY = """
 @pytest.mark.parametrize("case", cases(ROLL_SUMMARY))
 def test_roll_summary(case):
     assert roll_summary(case["results"]) == case["expected"]
+
+
+SERIAL_BATCH_SIZE = """
+- {id: one node at a time, serial: 1, hosts: 3, expected: 1}
+- {id: a number from the command line is a string, serial: "2", hosts: 3, expected: 2}
+- {id: more than there are hosts, serial: 5, hosts: 3, expected: 3}
+- {id: zero means every host, serial: 0, hosts: 3, expected: 3}
+- {id: a percentage rounds down, serial: "50%", hosts: 3, expected: 1}
+- {id: a percentage of many hosts, serial: "25%", hosts: 8, expected: 2}
+- {id: a small percentage is at least one host, serial: "10%", hosts: 3, expected: 1}
+"""
+
+
+@pytest.mark.parametrize("case", cases(SERIAL_BATCH_SIZE))
+def test_serial_batch_size(case):
+    assert serial_batch_size(case["serial"], case["hosts"]) == case["expected"]
+
+
+ROLL_BATCH_CHECK = """
+- id: the default, one node at a time
+  serial: 1
+  batch: [node1]
+  hosts: [node1, node2, node3]
+  expected: ""
+- id: two from the command line
+  serial: "2"
+  batch: [node1, node2]
+  hosts: [node1, node2, node3]
+  expected: ""
+- id: a later batch is not checked
+  serial: 2
+  batch: [node3]
+  hosts: [node1, node2, node3]
+  expected: ""
+- id: two from the inventory, which Ansible's serial never saw
+  serial: 2
+  batch: [node1]
+  hosts: [node1, node2, node3]
+  expected: "revive_rolling_serial is 2 for this host, which asks for a first batch of 2 of 3 node(s), but Ansible
+    made it 1 (node1): Ansible reads a play's `serial` only from extra vars, never from the inventory. Nothing was
+    changed. Pass it on the command line (ansible-playbook ... playbooks/rolling.yml -e revive_rolling_serial=2) and
+    remove it from the inventory."
+- id: a percentage from the inventory
+  serial: "100%"
+  batch: [node1]
+  hosts: [node1, node2]
+  expected: "revive_rolling_serial is '100%' for this host, which asks for a first batch of 2 of 2 node(s), but
+    Ansible made it 1 (node1): Ansible reads a play's `serial` only from extra vars, never from the inventory.
+    Nothing was changed. Pass it on the command line (ansible-playbook ... playbooks/rolling.yml -e
+    revive_rolling_serial=100%) and remove it from the inventory."
+"""
+
+
+@pytest.mark.parametrize("case", cases(ROLL_BATCH_CHECK))
+def test_roll_batch_check(case):
+    assert roll_batch_check(case["serial"], case["batch"], case["hosts"]) == case["expected"]
 
 
 def test_the_roll_decisions_read_a_generator_once():

@@ -46,6 +46,7 @@ class Topology:
     slowest_path: str                 # NV / PIX / PXB / PHB / NODE / SYS
     all_nvlink: bool
     all_p2p: bool
+    nvlink_connected: bool            # NVLink hops reach every GPU of the group (NCCL rings over NVLink)
     matrix: List[List[str]] = field(default_factory=list)
 
 
@@ -126,13 +127,14 @@ def discover(environ: Dict[str, str]) -> Tuple[List[Gpu], object]:
 def topology(pynvml, group: Sequence[Gpu]) -> Topology:
     """Slowest path and link kinds between every pair of `group` (NVML indices)."""
     if len(group) <= 1:
-        return Topology("X", False, False, [["X"]])
+        return Topology("X", False, False, False, [["X"]])
     topo = module_utils("revive_topology")
     handles = [pynvml.nvmlDeviceGetHandleByIndex(g.nvml_index) for g in group]
     order = topo.PATH_ORDER
     slowest = "NV"
     all_nvlink = all_p2p = True
     matrix: List[List[str]] = []
+    nvlink_pairs = []
     for i, a in enumerate(handles):
         row = []
         for j, b in enumerate(handles):
@@ -149,6 +151,7 @@ def topology(pynvml, group: Sequence[Gpu]) -> Topology:
                 p2p = False
             if nvlink:
                 cell = "NV"
+                nvlink_pairs.append((i, j))
             else:
                 level = pynvml.nvmlDeviceGetTopologyCommonAncestor(a, b)
                 cell = topo.LEVEL_SYMBOLS.get(int(level), "SYS")
@@ -158,7 +161,8 @@ def topology(pynvml, group: Sequence[Gpu]) -> Topology:
             if order.index(cell) > order.index(slowest):
                 slowest = cell
         matrix.append(row)
-    return Topology(slowest, all_nvlink, all_p2p, matrix)
+    connected = module_utils("revive_perf").nvlink_reaches_all(range(len(handles)), nvlink_pairs)
+    return Topology(slowest, all_nvlink, all_p2p, connected, matrix)
 
 
 def _text(value) -> str:

@@ -4,10 +4,11 @@ The step time is module_utils/revive_perf.py's performance model, the one the pl
 a copy, vllm/_revive); this file picks NCCL's transport from the twin's topology facts and keeps what only the
 twin models: start-up timing and the memory of the CUDA graphs.
 
-The transport follows NCCL's choice: NVLink when every pair of the group has it; else PCIe P2P where
-NVML reports P2P supported between every pair (and NCCL_P2P_DISABLE is unset); else shared host memory
-(SHM; its ring crosses sockets when the slowest path is SYS); else, with NCCL_SHM_DISABLE=1 as well, the
-network transport over loopback sockets, the slowest (the field setting).
+The transport is the planner's choice (revive_perf.nccl_transport): NVLink when NVLink hops connect the group;
+else PCIe P2P where NVML reports P2P supported between every pair and no path crosses a host bridge (and
+NCCL_P2P_DISABLE is unset); else shared host memory (SHM; its ring crosses sockets when the slowest path is SYS);
+else, with NCCL_SHM_DISABLE=1 as well, the network transport over loopback sockets, the slowest (the field
+setting).
 
 CALIBRATION: tests/unit/test_perf_calibration.py runs the engine in virtual time (calibrate.py) for 8x
 V100-PCIe, a 20B FP16 model, TP=8 with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 and the field flags against
@@ -30,22 +31,26 @@ Transport = _perf.Transport
 gpu_spec = _perf.gpu_spec
 
 
-def choose_transport(tensor_parallel_size: int, all_nvlink: bool, all_p2p: bool, slowest_path: str,
+_DESCRIPTIONS = {
+    "none": "single GPU, no collective communication",
+    "nvlink": "NVLink connects every GPU of the group (NCCL rings over NVLink hops)",
+    "p2p": "PCIe P2P (slowest path {path})",
+    "shm": "shared host memory ({reason}; slowest path {path})",
+    "net": ("network transport over loopback sockets (NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1): routed through "
+            "host memory, the slowest"),
+}
+
+
+def choose_transport(tensor_parallel_size: int, nvlink_connected: bool, all_p2p: bool, slowest_path: str,
                      p2p_disabled: bool, shm_disabled: bool) -> Transport:
-    """NCCL's transport for the group (see the module docstring)."""
+    """NCCL's transport for the group: revive_perf.nccl_transport, the planner's choice, from the twin's topology
+    facts (P2P needs NVML's P2P status between every pair and no path across a host bridge)."""
     crosses = slowest_path == "SYS"
-    if tensor_parallel_size <= 1:
-        return _perf.group_transport("none", tensor_parallel_size, False, "single GPU, no collective communication")
-    if all_nvlink and not p2p_disabled:
-        return _perf.group_transport("nvlink", tensor_parallel_size, crosses, "NVLink P2P between every pair")
-    if all_p2p and not p2p_disabled:
-        return _perf.group_transport("p2p", tensor_parallel_size, crosses, f"PCIe P2P (slowest path {slowest_path})")
-    if not shm_disabled:
-        reason = "NCCL_P2P_DISABLE=1" if p2p_disabled else "no P2P between every pair"
-        return _perf.group_transport("shm", tensor_parallel_size, crosses,
-                                     f"shared host memory ({reason}; slowest path {slowest_path})")
-    return _perf.group_transport("net", tensor_parallel_size, crosses, "network transport over loopback sockets "
-                                 "(NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1): routed through host memory, the slowest")
+    p2p_everywhere = all_p2p and slowest_path not in _perf.PCIE_HOST_PATHS
+    name = _perf.nccl_transport(tensor_parallel_size, nvlink_connected, p2p_everywhere, p2p_disabled, shm_disabled)
+    reason = "NCCL_P2P_DISABLE=1" if p2p_disabled else "no P2P between every pair"
+    return _perf.group_transport(name, tensor_parallel_size, crosses and name != "none",
+                                 _DESCRIPTIONS[name].format(path=slowest_path, reason=reason))
 
 
 # --- start-up timing --------------------------------------------------------------------------------

@@ -645,7 +645,7 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                   "seconds")
 
     transport = perf.choose_transport(
-        world, topo.all_nvlink, topo.all_p2p, topo.slowest_path,
+        world, topo.nvlink_connected, topo.all_p2p, topo.slowest_path,
         environ.get("NCCL_P2P_DISABLE", "0") not in ("0", ""), environ.get("NCCL_SHM_DISABLE", "0") not in ("0", ""))
     kv_token_bytes = revive_kv.kv_bytes_per_token(facts, 1, "half" if kv_dtype in ("float16", "bfloat16") else
                                                   ("fp8" if kv_dtype.startswith("fp8") else "float32"))

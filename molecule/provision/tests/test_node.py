@@ -1,6 +1,6 @@
-"""The default scenario's node after site.yml: a booted systemd host, reachable over SSH by key only,
-whose NVML (the lab's fake driver, read by unmodified pynvml) reports exactly its GPU profile, and whose replicas
-serve warmed up with no front door."""
+"""The lab node after site.yml (and the release faults of side_effect.yml): a booted systemd host, reachable over SSH
+by key only, whose NVML (the lab's fake driver, read by unmodified pynvml) reports exactly its GPU profile, and
+whose replicas serve warmed up with no front door."""
 import json
 
 from lab_testinfra import lab_host, lab_hosts, nvml_view, profile_as_nvml_view
