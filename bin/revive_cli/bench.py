@@ -1,0 +1,180 @@
+"""revive bench: the SLO acceptance load test against OpenAI-compatible URLs, without Ansible.
+
+    revive bench --url URL[,URL...] --model NAME [--concurrency 8,16,32,64] [--duration S] [--warmup S]
+                 [--max-tokens 200] [--slo-e2e-p95 12] --out DIR [--json] [--api-key KEY] [--chat] [--ignore-eos]
+                 [--rate R] [--prompts FILE] [--seed N] [--timeout S]
+
+Each level is a closed loop of N requests in flight (or, with --rate, Poisson arrivals with N as the cap),
+`--warmup` seconds not measured, then `--duration` seconds measured; requests still in flight at the end are
+waited for but not measured. Every level gets a verdict (PASS / FAIL / INCONCLUSIVE / INVALID, docs/bench.md);
+--out gets requests.jsonl, summary.json, levels.csv and report.md. Progress goes to stderr.
+Exit status: 0 every level PASS, 1 some level FAIL, 2 usage or connection error, 3 inconclusive or invalid
+(and nothing failed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from typing import Any, Callable, Dict, List
+
+from ansible.module_utils.revive_bench.client import URLError, parse_url
+from ansible.module_utils.revive_bench.probe import ProbeError
+from ansible.module_utils.revive_bench.prompts import PromptError, load
+from ansible.module_utils.revive_bench.report import write
+from ansible.module_utils.revive_bench.run import Options, run_sync
+from ansible.module_utils.revive_bench.verdict import Bounds
+
+from revive_cli import REPO
+
+DEFAULT_PROMPTS = REPO / "data" / "bench" / "prompts.jsonl"
+
+
+def _number(kind: Callable[[str], Any], minimum: float, strict: bool) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>' if strict else '>='} {minimum:g}")
+        return value
+    return parse
+
+
+def _levels(text: str) -> List[int]:
+    parse = _number(int, 0, True)
+    return [parse(part.strip()) for part in text.split(",")]
+
+
+def _urls(text: str) -> list:
+    try:
+        return [parse_url(part) for part in text.split(",")]
+    except URLError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _share(text: str) -> float:
+    value = _number(float, 0, False)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a share between 0 and 1")
+    return value
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="revive bench", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 2)[2])
+    positive, non_negative = _number(float, 0, True), _number(float, 0, False)
+    parser.add_argument("--url", required=True, type=_urls, help="base URL(s), comma-separated: round robin")
+    parser.add_argument("--model", required=True, help="the served model name")
+    parser.add_argument("--concurrency", type=_levels, default=[8, 16, 32, 64], help="levels (default 8,16,32,64)")
+    parser.add_argument("--duration", type=positive, default=600.0, help="measured seconds per level (default 600)")
+    parser.add_argument("--warmup", type=non_negative, default=30.0, help="unmeasured seconds first (default 30)")
+    parser.add_argument("--max-tokens", type=_number(int, 0, True), default=200)
+    parser.add_argument("--slo-e2e-p95", type=positive, default=12.0, help="P95 E2E target in seconds (default 12)")
+    parser.add_argument("--confidence", type=_number(float, 0.5, False), default=0.95,
+                        help="of the P95 bounds (default 0.95)")
+    parser.add_argument("--out", required=True, help="report directory")
+    parser.add_argument("--json", action="store_true", help="print summary.json on stdout")
+    parser.add_argument("--api-key", default=os.environ.get("REVIVE_API_KEY", ""),
+                        help="bearer token (default: $REVIVE_API_KEY)")
+    parser.add_argument("--chat", action="store_true", help="/v1/chat/completions instead of /v1/completions")
+    parser.add_argument("--ignore-eos", action="store_true", help="answers run to max_tokens (early EOS is gated)")
+    parser.add_argument("--rate", type=positive, help="open loop: Poisson arrivals per second")
+    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL of prompts (default: bundled)")
+    parser.add_argument("--prompt-tokens", type=_number(int, 0, True), default=256,
+                        help="trim prompts to this many tokens (approximate; default 256)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=positive, default=120.0, help="per request, seconds (default 120)")
+    parser.add_argument("--connect-timeout", type=positive, default=10.0)
+    parser.add_argument("--max-lag-p99-ms", type=non_negative, default=50.0,
+                        help="INVALID above this dispatch lag p99 (default 50)")
+    parser.add_argument("--min-achieved", type=_share, default=0.95,
+                        help="INVALID below this share of the target concurrency (default 0.95)")
+    parser.add_argument("--max-error-rate", type=_share, default=0.01, help="FAIL above it (default 0.01)")
+    parser.add_argument("--max-early-eos", type=_share, default=0.05,
+                        help="with --ignore-eos, INVALID above this share of short answers (default 0.05)")
+    parser.add_argument("--node-observations", help="JSON file {concurrency: {restarts, oom_lines, gpu_imbalance}}")
+    args = parser.parse_args(argv)
+    if len(set(args.concurrency)) != len(args.concurrency):
+        parser.error(f"argument --concurrency: a level appears twice in {','.join(map(str, args.concurrency))}")
+    if args.confidence >= 1:
+        parser.error(f"argument --confidence: {args.confidence:g} must be < 1")
+    return args
+
+
+def progress_line(event: Dict[str, Any]) -> None:
+    if "verdict" in event:
+        print(f"bench: level {event['level']}: {event['verdict']}: {'; '.join(event['reasons'])}", file=sys.stderr)
+        return
+    p95 = event["e2e_p95_s"]
+    print(f"bench: level {event['level']} {event['phase']} {event['elapsed_s']:6.1f} s  completions "
+          f"{event['completions']}  in flight {event['in_flight']}  P95 E2E "
+          f"{'-' if p95 is None else f'{p95:.3f} s'}  errors {event['errors']}", file=sys.stderr)
+
+
+def _observations(path: str) -> Dict[int, Dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    return {int(level): value for level, value in data.items()}
+
+
+def redacted(argv: List[str]) -> List[str]:
+    """The command line with the API key's value hidden (it goes into summary.json)."""
+    out: List[str] = []
+    for previous, arg in zip([""] + argv, argv):
+        if previous == "--api-key":
+            out.append("***")
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(arg)
+    return out
+
+
+def main(argv: List[str]) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        prompt_set = load(args.prompts, args.prompt_tokens)
+        observations = _observations(args.node_observations) if args.node_observations else {}
+    except PromptError as exc:
+        print(f"revive bench: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, AttributeError) as exc:
+        print(f"revive bench: --node-observations {args.node_observations}: {exc}", file=sys.stderr)
+        return 2
+    options = Options(
+        targets=args.url, model=args.model, concurrency=args.concurrency, duration=args.duration,
+        warmup=args.warmup, max_tokens=args.max_tokens, prompt_set=prompt_set,
+        command=shlex.join(["revive", "bench"] + redacted(argv)),
+        bounds=Bounds(slo_e2e_p95_s=args.slo_e2e_p95, max_dispatch_lag_p99_s=args.max_lag_p99_ms / 1000.0,
+                      min_achieved_share=args.min_achieved, max_error_rate=args.max_error_rate,
+                      max_early_eos_share=args.max_early_eos),
+        kind="chat" if args.chat else "completions", api_key=args.api_key, ignore_eos=args.ignore_eos,
+        rate=args.rate, seed=args.seed, timeout=args.timeout, connect_timeout=args.connect_timeout,
+        confidence=args.confidence, node_observations=observations)
+    try:
+        result = run_sync(options, progress_line)
+    except ProbeError as exc:
+        print(f"revive bench: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("revive bench: interrupted; no report written", file=sys.stderr)
+        return 2
+    summary = result["summary"]
+    paths = write(args.out, summary, result["levels"])
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    verdicts = ", ".join(f"{c}: {v}" for c, v in summary["verdicts"].items())
+    print(f"revive bench: {verdicts}; recommended concurrency {summary['recommended_concurrency'] or 'none'}; "
+          f"reports in {os.path.dirname(paths[0])}", file=sys.stderr)
+    return result["exit_code"]

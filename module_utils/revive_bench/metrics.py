@@ -1,0 +1,111 @@
+"""Per-request metrics from a request's raw timestamps (client.RequestRecord), and their aggregation per level.
+
+Definitions (docs/bench.md has them next to vLLM's and GuideLLM's, docs/facts/loadtest.md §3-§4):
+- TTFT = first content-bearing event - send (the clock starts before the connection is opened);
+- E2E  = last content-bearing event - send (not the usage chunk, not [DONE]: as `vllm bench serve`);
+- TPOT = (E2E - TTFT) / (N - 1) for N >= 2 output tokens (vLLM's definition; none for N < 2);
+- ITL  = every gap between consecutive content events, pooled over the level's requests;
+- N (output tokens) = usage.completion_tokens when the server reported it, else the stream's token count (one per
+  content event, or the running usage's increments when every chunk carries usage); the difference between usage
+  and the stream is reported per level, never silently resolved.
+Only complete requests (record.ok) have metrics; failures are counted, never averaged in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from .stats import mean, percentile, quantile_bounds
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class RequestMetrics:
+    ttft: float
+    e2e: float
+    tpot: Optional[float]
+    itl: List[float]
+    output_tokens: int
+    stream_tokens: int
+    usage_tokens: Optional[int]
+    early_eos: bool
+
+
+def stream_tokens(record: Dict[str, Any]) -> int:
+    return int(sum(tokens for _, tokens in record["events"]))
+
+
+def request_metrics(record: Dict[str, Any]) -> Optional[RequestMetrics]:
+    """Metrics of one requests.jsonl record (a dict, so a saved file recomputes the same); None unless complete."""
+    if not record.get("ok") or not record.get("events"):
+        return None
+    times = [at for at, _ in record["events"]]
+    ttft = times[0] - record["sent"]
+    e2e = times[-1] - record["sent"]
+    usage = record.get("usage") or {}
+    usage_tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
+    counted = stream_tokens(record)
+    output = usage_tokens if usage_tokens is not None else counted
+    tpot = (e2e - ttft) / (output - 1) if output >= 2 else None
+    itl = [later - earlier for earlier, later in zip(times, times[1:])]
+    early = bool(record.get("ignore_eos")) and output < record["max_tokens"]
+    return RequestMetrics(ttft, e2e, tpot, itl, output, counted, usage_tokens, early)
+
+
+def distribution(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {"mean": mean(values)}
+    for q in PERCENTILES:
+        out[f"p{q}"] = percentile(values, q)
+    out["max"] = max(values) if values else None
+    return out
+
+
+def tokens_between(records: Sequence[Dict[str, Any]], start: float, end: float) -> int:
+    """Output tokens of complete requests whose events arrived in [start, end]: a throughput that requests cut by
+    the window's edges do not bias (as GuideLLM, over the measured window only)."""
+    return int(sum(tokens for record in records if record.get("ok")
+                   for at, tokens in record["events"] if start <= at <= end))
+
+
+def aggregate(records: Sequence[Dict[str, Any]], window_s: float, window_tokens: int, slo_quantile: float = 0.95,
+              confidence: float = 0.95) -> Dict[str, Any]:
+    """A level's numbers over its measured records (the caller has left out warm-up and drain); `window_tokens`
+    is tokens_between() over every record of the level."""
+    measured: List[RequestMetrics] = []
+    errors: Dict[str, int] = {}
+    for record in records:
+        metrics = request_metrics(record)
+        if metrics is None:
+            reason = (record.get("error") or "incomplete").split(":")[0]
+            errors[reason] = errors.get(reason, 0) + 1
+        else:
+            measured.append(metrics)
+    e2e = [m.e2e for m in measured]
+    output_tokens = sum(m.output_tokens for m in measured)
+    with_usage = [m for m in measured if m.usage_tokens is not None]
+    mismatched = [m for m in with_usage if m.usage_tokens != m.stream_tokens]
+    failed = len(records) - len(measured)
+    return {
+        "requests": len(records),
+        "completed": len(measured),
+        "failed": failed,
+        "error_rate": failed / len(records) if records else 0.0,
+        "errors": errors,
+        "ttft_s": distribution([m.ttft for m in measured]),
+        "e2e_s": distribution(e2e),
+        "tpot_s": distribution([m.tpot for m in measured if m.tpot is not None]),
+        "itl_s": distribution([gap for m in measured for gap in m.itl]),
+        "e2e_p95_bounds": quantile_bounds(e2e, slo_quantile, confidence),
+        "output_tokens": output_tokens,
+        "output_tokens_mean": output_tokens / len(measured) if measured else None,
+        "output_throughput_tok_s": window_tokens / window_s if window_s > 0 else None,
+        "requests_per_s": len(measured) / window_s if window_s > 0 else None,
+        "usage_vs_stream": {
+            "with_usage": len(with_usage),
+            "mismatched": len(mismatched),
+            "usage_minus_stream_tokens": sum((m.usage_tokens or 0) - m.stream_tokens for m in with_usage),
+        },
+        "early_eos": sum(1 for m in measured if m.early_eos),
+        "early_eos_share": (sum(1 for m in measured if m.early_eos) / len(measured)) if measured else 0.0,
+    }

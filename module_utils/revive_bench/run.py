@@ -1,0 +1,109 @@
+"""One bench run: probe every target, run the levels in order, judge each, and build the summary."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Optional
+
+from . import BENCH_VERSION
+from .client import Target, clock
+from .load import LevelConfig, Workload, run_level
+from .probe import probe
+from .prompts import order
+from .report import level_summary
+from .stats import min_completions
+from .verdict import Bounds, exit_code, judge, knees, recommend
+
+
+@dataclass
+class Options:
+    targets: List[Target]
+    model: str
+    concurrency: List[int]
+    duration: float
+    warmup: float
+    max_tokens: int
+    bounds: Bounds
+    prompt_set: Dict[str, Any]           # prompts.load()
+    command: str
+    kind: str = "completions"
+    api_key: str = ""
+    ignore_eos: bool = False
+    rate: Optional[float] = None
+    seed: int = 0
+    timeout: float = 120.0
+    connect_timeout: float = 10.0
+    confidence: float = 0.95
+    node_observations: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+async def probe_all(options: Options) -> Dict[str, Any]:
+    """{label: Traits} for every target; raises ProbeError on the first that cannot be benchmarked."""
+    traits = {}
+    for target in options.targets:
+        traits[target.label] = await probe(target, options.model, options.kind, options.api_key,
+                                           min(options.timeout, 60.0))
+    return traits
+
+
+async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """{"summary": ..., "levels": [level with records], "exit_code": int}; raises ProbeError before any load."""
+    started, wall_zero, zero = _now(), time.time(), clock()
+    traits = await probe_all(options)
+    workload = Workload(
+        targets=options.targets, model=options.model, prompts=options.prompt_set["prompts"],
+        order=order(len(options.prompt_set["prompts"]), options.seed), api_key=options.api_key,
+        expect_done={label: t.sends_done for label, t in traits.items()},
+        include_usage={label: t.include_usage_accepted for label, t in traits.items()})
+    levels, summaries = [], []
+    for concurrency in options.concurrency:
+        config = LevelConfig(concurrency=concurrency, duration=options.duration, warmup=options.warmup,
+                             max_tokens=options.max_tokens, timeout=options.timeout,
+                             connect_timeout=options.connect_timeout, rate=options.rate,
+                             ignore_eos=options.ignore_eos, kind=options.kind, seed=options.seed,
+                             confidence=options.confidence)
+        level = await run_level(workload, config, progress, zero)
+        node = options.node_observations.get(concurrency)
+        verdict = judge(level["stats"], concurrency, options.bounds, closed_loop=not options.rate,
+                        ignore_eos=options.ignore_eos, node=node)
+        level["verdict"] = verdict.as_dict()
+        levels.append(level)
+        summaries.append(level_summary(level, verdict.as_dict(), node))
+        if progress:
+            progress({"level": concurrency, "verdict": verdict.verdict, "reasons": verdict.reasons})
+    code = exit_code([s["verdict"]["verdict"] for s in summaries])
+    prompt_set = {k: v for k, v in options.prompt_set.items() if k != "prompts"}
+    summary = {
+        "model": options.model,
+        "targets": [t.label for t in options.targets],
+        "endpoint": options.kind,
+        "mode": f"open loop, Poisson {options.rate:g}/s (concurrency = cap)" if options.rate else "closed loop",
+        "max_tokens": options.max_tokens, "ignore_eos": options.ignore_eos,
+        "duration_s": options.duration, "warmup_s": options.warmup, "seed": options.seed,
+        "slo": {"e2e_p95_s": options.bounds.slo_e2e_p95_s, "quantile": 0.95, "confidence": options.confidence,
+                "min_completions": min_completions(0.95, options.confidence)},
+        "bounds": asdict(options.bounds),
+        "levels": summaries,
+        "verdicts": {str(s["concurrency"]): s["verdict"]["verdict"] for s in summaries},
+        "recommended_concurrency": recommend(levels),
+        "knees": knees(levels, "ttft_s", "p50", options.bounds.knee_elasticity)
+        + knees(levels, "e2e_s", "p95", options.bounds.knee_elasticity),
+        "exit_code": code,
+        "clock_zero": {"wall_time": wall_zero, "iso": datetime.fromtimestamp(wall_zero, timezone.utc).isoformat()},
+        "provenance": {
+            "bench_version": BENCH_VERSION, "command": options.command, "started": started, "ended": _now(),
+            "prompts": prompt_set,
+            "servers": {label: t.as_dict() for label, t in traits.items()},
+        },
+    }
+    return {"summary": summary, "levels": levels, "exit_code": code}
+
+
+def run_sync(options: Options, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    return asyncio.run(run(options, progress))

@@ -1,0 +1,71 @@
+"""revive bench's load levels against the scripted server (module_utils/revive_bench/load.py): a closed loop holds
+its concurrency, every level sends the same prompt sequence, several targets share the load round robin, and a
+seeded open loop is reproducible."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_openai import Answer, FakeServer
+
+from ansible.module_utils.revive_bench.client import Target
+from ansible.module_utils.revive_bench.load import LevelConfig, Workload, run_level
+from ansible.module_utils.revive_bench.prompts import Prompt, order
+
+
+def workload(ports):
+    targets = [Target("http", "127.0.0.1", port) for port in ports]
+    prompts = [Prompt(f"q{n}", [{"role": "user", "content": f"question {n}"}]) for n in range(10)]
+    return Workload(targets=targets, expect_done={t.label: True for t in targets},
+                    include_usage={t.label: True for t in targets}, model="tiny", prompts=prompts,
+                    order=order(len(prompts), 7))
+
+
+def level(ports, **config):
+    settings = {"concurrency": 3, "duration": 0.8, "warmup": 0.2, "max_tokens": 8, "timeout": 5.0}
+    settings.update(config)
+    return asyncio.run(run_level(workload(ports), LevelConfig(**settings)))
+
+
+def slow(number, body):
+    return Answer(tokens=5, token_delay=0.02)
+
+
+def test_a_closed_loop_level_holds_its_concurrency_and_excludes_warmup_and_drain():
+    events = []
+    with FakeServer(answer_for=slow) as fake:
+        result = asyncio.run(run_level(workload([fake.port]), LevelConfig(3, 0.8, 0.2, 8, 5.0), events.append))
+    stats, records = result["stats"], result["records"]
+    start, end = result["window"]
+    assert end - start == pytest.approx(0.8)
+    assert stats["sent"] == len(records) and stats["warmup_excluded"] >= 3 and stats["drain_excluded"] >= 1
+    assert stats["requests"] == stats["sent"] - stats["warmup_excluded"] - stats["drain_excluded"]
+    assert stats["completed"] == stats["requests"] > 10 and stats["failed"] == 0
+    assert 2.7 <= stats["achieved_concurrency"] <= 3.0
+    assert 0 <= stats["dispatch_lag_s"]["p99"] < 0.05
+    assert all(r["ended"] is not None for r in records)      # the drain was waited for
+    assert events and events[-1]["level"] == 3 and "e2e_p95_s" in events[-1]
+
+
+def test_every_level_sends_the_same_prompt_sequence_round_robin_over_targets():
+    with FakeServer(answer_for=slow) as one, FakeServer(answer_for=slow) as two:
+        first = level([one.port, two.port], concurrency=2)
+        second = level([one.port, two.port], concurrency=4)
+    labels = [f"http://127.0.0.1:{one.port}", f"http://127.0.0.1:{two.port}"]
+    for result in (first, second):
+        by_index = sorted(result["records"], key=lambda r: r["index"])
+        assert [r["target"] for r in by_index[:6]] == labels * 3
+        assert set(result["stats"]["per_target"]) == set(labels)
+        assert sum(t["requests"] for t in result["stats"]["per_target"].values()) == result["stats"]["requests"]
+    ids = [[r["prompt_id"] for r in sorted(res["records"], key=lambda r: r["index"])] for res in (first, second)]
+    common = min(map(len, ids))
+    assert common >= 10 and ids[0][:common] == ids[1][:common]
+
+
+def test_a_seeded_open_loop_is_reproducible():
+    with FakeServer(answer_for=lambda n, body: Answer(tokens=2)) as fake:
+        runs = [level([fake.port], concurrency=10, rate=40.0, duration=0.5, warmup=0.0, seed=3) for _ in range(2)]
+    scheduled = [[r["scheduled"] - run["window"][0] for r in run["records"]] for run in runs]
+    assert scheduled[0] == pytest.approx(scheduled[1], abs=2e-6) and 5 <= len(scheduled[0]) <= 45
+    lag = [r["sent"] - r["scheduled"] for r in runs[0]["records"]]
+    assert min(lag) >= 0

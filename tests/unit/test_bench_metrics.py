@@ -1,0 +1,76 @@
+"""revive bench's per-request metrics and level aggregation on hand-built records (module_utils/revive_bench/metrics.py
+and load.py's window rules): TTFT, E2E, TPOT, ITL, usage vs stream, early EOS, in-flight average."""
+from __future__ import annotations
+
+import pytest
+
+from ansible.module_utils.revive_bench import load, metrics
+
+
+def record(sent=10.0, events=((10.5, 1), (10.7, 1), (11.0, 1), (11.5, 1)), usage=4, ok=True, max_tokens=4,
+           ignore_eos=False, ended=None, error=None, target="t"):
+    return {"sent": sent, "scheduled": sent, "events": [list(e) for e in events], "ok": ok, "max_tokens": max_tokens,
+            "ignore_eos": ignore_eos, "usage": None if usage is None else {"completion_tokens": usage},
+            "ended": ended if ended is not None else (events[-1][0] if events else sent) + 0.01, "error": error,
+            "target": target}
+
+
+def test_ttft_e2e_tpot_and_itl_of_one_request():
+    m = metrics.request_metrics(record())
+    assert m.ttft == pytest.approx(0.5) and m.e2e == pytest.approx(1.5)
+    assert m.tpot == pytest.approx((1.5 - 0.5) / 3)
+    assert m.itl == pytest.approx([0.2, 0.3, 0.5])
+    assert (m.output_tokens, m.stream_tokens, m.usage_tokens, m.early_eos) == (4, 4, 4, False)
+
+
+def test_usage_wins_and_the_difference_to_the_stream_is_kept():
+    m = metrics.request_metrics(record(usage=5, max_tokens=5))
+    assert (m.output_tokens, m.stream_tokens) == (5, 4)
+    assert m.tpot == pytest.approx(1.0 / 4)
+    level = metrics.aggregate([record(usage=5), record()], 10.0, 0)
+    assert level["usage_vs_stream"] == {"with_usage": 2, "mismatched": 1, "usage_minus_stream_tokens": 1}
+
+
+def test_without_usage_the_stream_counts_running_increments():
+    m = metrics.request_metrics(record(usage=None, events=((10.2, 1), (10.4, 3))))
+    assert (m.output_tokens, m.usage_tokens) == (4, None)
+
+
+def test_one_token_has_no_tpot_and_failures_have_no_metrics():
+    assert metrics.request_metrics(record(events=((10.3, 1),), usage=1)).tpot is None
+    assert metrics.request_metrics(record(ok=False, error="HTTP 503: boom")) is None
+
+
+def test_early_eos_counts_only_with_ignore_eos():
+    assert metrics.request_metrics(record(max_tokens=200, ignore_eos=True)).early_eos is True
+    assert metrics.request_metrics(record(max_tokens=200)).early_eos is False
+    level = metrics.aggregate([record(max_tokens=200, ignore_eos=True), record(max_tokens=4, ignore_eos=True)], 1, 0)
+    assert level["early_eos"] == 1 and level["early_eos_share"] == pytest.approx(0.5)
+
+
+def test_a_level_counts_failures_by_reason_and_never_averages_them_in():
+    records = [record(), record(sent=20.0, events=((23.0, 1), (24.0, 1)), usage=2),
+               record(ok=False, error="HTTP 503: no server"), record(ok=False, error="timeout: no answer in 5 s")]
+    level = metrics.aggregate(records, 4.0, 8)
+    assert (level["requests"], level["completed"], level["failed"]) == (4, 2, 2)
+    assert level["error_rate"] == pytest.approx(0.5)
+    assert level["errors"] == {"HTTP 503": 1, "timeout": 1}
+    assert level["e2e_s"]["p50"] == pytest.approx((1.5 + 4.0) / 2)
+    assert level["ttft_s"]["max"] == pytest.approx(3.0)
+    assert level["output_throughput_tok_s"] == pytest.approx(2.0) and level["output_tokens"] == 6
+    assert level["itl_s"]["max"] == pytest.approx(1.0)
+
+
+def test_throughput_counts_the_tokens_inside_the_window_only():
+    records = [record(), record(ok=False)]
+    assert metrics.tokens_between(records, 10.6, 11.2) == 2     # 10.7 and 11.0 of the complete one
+
+
+def test_window_rules_and_the_time_weighted_in_flight_count():
+    inside = record(sent=1.0, events=((1.5, 1),), ended=2.0)
+    warmup = record(sent=0.5, events=((1.5, 1),), ended=2.5)
+    drain = record(sent=2.0, events=((3.5, 1),), ended=4.0)
+    records = [inside, warmup, drain]
+    assert load.measured(records, 1.0, 3.0) == [inside]
+    # busy time in [1, 3]: 1.0 + 1.5 + 1.0 = 3.5 over 2 s
+    assert load.in_flight_average(records, 1.0, 3.0) == pytest.approx(1.75)
