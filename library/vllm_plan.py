@@ -40,22 +40,25 @@ options:
     default: {}
     suboptions:
       max_model_len:
-        description: Longest prompt plus completion; default 4096 (the notes') capped by the model.
+        description:
+          - Longest prompt plus completion; default 4096 (the notes') capped by the model.
+          - 1 to 2147483647 and at most the model's maximum (above it the plan is refused); leave it out to let
+            the planner choose.
         type: int
       concurrency:
-        description: Concurrent requests the node must serve.
+        description: Concurrent requests the node must serve; 1 to 2147483647.
         type: int
         default: 32
       slo_p95_e2e_s:
-        description: Target p95 end-to-end latency, seconds.
+        description: Target p95 end-to-end latency, seconds; more than 0 and at most 1000000 (NaN and inf refused).
         type: float
         default: 12.0
       slo_output_tokens:
-        description: Output tokens per request the SLO is stated for (max_tokens).
+        description: Output tokens per request the SLO is stated for (max_tokens); 1 to 2147483647.
         type: int
         default: 200
       typical_prompt_tokens:
-        description: Typical prompt length, tokens.
+        description: Typical prompt length, tokens; 1 to 2147483647.
         type: int
         default: 256
       metrics:
@@ -68,12 +71,27 @@ options:
     default: {}
     suboptions:
       vllm_version: {description: Pin this release (must be in the release data)., type: str}
-      tensor_parallel_size: {description: Use this TP size (refused if the heads or memory do not allow it)., type: int}
-      gpu_memory_utilization: {description: Fraction of each GPU vLLM may use., type: float}
-      max_num_seqs: {description: Sequences scheduled at once per replica., type: int}
-      max_num_batched_tokens: {description: Tokens per engine step (at least max_model_len)., type: int}
-      swap_space: {description: CPU swap GiB per GPU (pinned at start; bounded by host RAM)., type: float}
-      exclude_gpus: {description: GPU indices not to use (e.g. quarantined by the health gate)., type: list, elements: int, default: []}
+      tensor_parallel_size:
+        description: Use this TP size (refused if the heads or memory do not allow it); 1 to 2147483647 and at most
+          the GPUs left after O(overrides.exclude_gpus) (more is a refusal); 0 or unset lets the planner choose.
+        type: int
+      gpu_memory_utilization:
+        description: Fraction of each GPU vLLM may use; more than 0 and at most 1.
+        type: float
+      max_num_seqs: {description: Sequences scheduled at once per replica; 1 to 2147483647., type: int}
+      max_num_batched_tokens:
+        description: Tokens per engine step (at least max_model_len); 1 to 2147483647; 0 or unset lets the planner
+          choose.
+        type: int
+      swap_space:
+        description: CPU swap GiB per GPU (pinned at start; bounded by host RAM); 0 to 1048576.
+        type: float
+      exclude_gpus:
+        description: GPU indices not to use (e.g. quarantined by the health gate); each 0 to 1023. An index the node
+          does not have, or excluding every GPU, is a refusal.
+        type: list
+        elements: int
+        default: []
       allow_bf16_conversion: {description: Accept BF16 weights on a GPU without BF16 (the sync role converts); refuse when false., type: bool, default: true}
   serve:
     description: How the server is reached.
@@ -83,9 +101,15 @@ options:
       model_path: {description: Model directory as the server sees it (default the inspected path)., type: str}
       served_model_name: {description: Name clients use (default the directory name)., type: str}
       host: {description: Address the server binds., type: str, default: 0.0.0.0}
-      base_port: {description: Port of replica 0; replica N listens on base_port + N., type: int, default: 8000}
+      base_port:
+        description: Port of replica 0; replica N listens on base_port + N; 1 to 65535, and the last replica's port at
+          most 65535.
+        type: int
+        default: 8000
   host_ram_mb:
-    description: Host RAM in MiB (C(ansible_facts['memtotal_mb'])); bounds C(--swap-space), which is pinned at start.
+    description:
+      - Host RAM in MiB (C(ansible_facts['memtotal_mb'])); bounds C(--swap-space), which is pinned at start.
+      - 0 to 4398046511104; 0 or unset means unknown.
     type: int
   package_source:
     description:
@@ -106,6 +130,17 @@ attributes:
   diff_mode:
     support: none
 notes:
+  - "Inputs are checked before anything is planned (C(module_utils/revive_plan/inputs.py) C(BOUNDS), the table in
+    C(docs/inputs.md)): a value out of its range or of the wrong type fails the task naming the option
+    (C(workload.concurrency is 0: it must be ...)), even with O(fail_on_refusal=false), so the preflight writes
+    no plan for it. Unknown keys in O(workload), O(overrides), O(serve) and O(package_source) are refused by
+    Ansible, naming the key and the allowed ones."
+  - "Types: Ansible converts a string of digits to a number (V(\"32\") is 32); a boolean (V(yes)) for an integer
+    option is refused. For a float option Ansible converts a boolean to 1.0 or 0.0 before the module sees it,
+    which the ranges then judge."
+  - "Bounds that depend on the node's GPUs or the model (an O(overrides.exclude_gpus) index the node does not have,
+    every GPU excluded, O(overrides.tensor_parallel_size) above the GPUs left, O(workload.max_model_len) above the
+    model's maximum) are refusals: another node may run it (O(fail_on_refusal))."
   - Logic lives in C(module_utils/revive_plan/), the performance model in C(module_utils/revive_perf.py), KV sizing
     in C(module_utils/revive_kv.py).
   - C(bin/revive plan) runs the same planner without Ansible.
@@ -191,10 +226,12 @@ release:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_plan import (
+    BOUNDS,
     PUBLIC_INDEX,
     Overrides,
     PackageSource,
     PlanError,
+    PlanInputError,
     PlanRefusal,
     Serve,
     Workload,
@@ -253,11 +290,16 @@ def main() -> None:
         releases = load_release_data(params["releases"], source="releases parameter (data/vllm-releases.yml)")
     except ReleaseDataError as exc:
         module.fail_json(msg=str(exc), refused=False)
-    host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
     try:
-        release = plan(params["gpu"], params["model"], releases, Workload(**params["workload"]),
-                       Overrides(**params["overrides"]), Serve(**params["serve"]), host_ram,
-                       PackageSource(**params["package_source"])).as_dict()
+        # Bounds first (module_utils/revive_plan/inputs.py BOUNDS): an input error fails even with
+        # fail_on_refusal=false, so no plan (nor the preflight's plan file) follows from it.
+        BOUNDS["host_ram_mb"].check("host_ram_mb", params["host_ram_mb"])
+        host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
+        request = (Workload(**params["workload"]), Overrides(**params["overrides"]), Serve(**params["serve"]),
+                   host_ram, PackageSource(**params["package_source"]))
+        release = plan(params["gpu"], params["model"], releases, *request).as_dict()
+    except PlanInputError as exc:
+        module.fail_json(msg=f"vllm_plan: {exc}", refused=False, input=exc.field)
     except PlanRefusal as exc:
         refusal = {"reason": exc.reason, "source": exc.source}
         if params["fail_on_refusal"]:

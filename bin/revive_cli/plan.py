@@ -12,6 +12,7 @@
     server: no NVLink, up to 4 GPUs on one socket and more split over two, PHB within a socket, SYS
     across, driver 535.104.05.
 Explicit flags override the planner's choices, so the KV estimate can be had for any configuration.
+Every numeric option is checked against its range (docs/inputs.md) before anything is planned.
 Exit status: 0 planned, 1 refused (the reason on stderr), 2 bad arguments or unusable input.
 """
 from __future__ import annotations
@@ -23,27 +24,39 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible.module_utils.revive_kv import GiB
 from ansible.module_utils.revive_model import ModelInspectError, inspect_model
 from ansible.module_utils.revive_plan import (
+    BOUNDS,
     PUBLIC_INDEX,
     Overrides,
     PackageSource,
     PlanError,
+    PlanInputError,
     PlanRefusal,
     Serve,
     Workload,
     synthetic_gpu_facts,
 )
+from ansible.module_utils.revive_plan.inputs import GPU_INDEX, check_gpu_indices
 from ansible.module_utils.revive_plan import plan_release as run_planner
 from ansible.module_utils.revive_releases import ReleaseDataError, load_release_file
 
 from revive_cli import REPO
 
 SYNTHETIC = re.compile(r"^(\d+)x(\d+(?:\.\d+)?)(?:@(\d+\.\d+))?$")
+SYNTHETIC_MAX_GPUS = GPU_INDEX.high + 1
 PROBE_TIMEOUT_S = 120
+# The planner's inputs (module_utils/revive_plan/inputs.py BOUNDS) whose option here is not their name dashed.
+RENAMED_OPTIONS = {"workload.slo_p95_e2e_s": "--slo-p95-s", "workload.slo_output_tokens": "--output-tokens",
+                   "workload.typical_prompt_tokens": "--prompt-tokens", "package_source.type": "--source"}
+
+
+def option_for(path: str) -> str:
+    """The option that sets planner input `path` ("overrides.max_num_seqs" -> "--max-num-seqs")."""
+    return RENAMED_OPTIONS.get(path) or "--" + path.rsplit(".", 1)[-1].replace("_", "-")
 
 
 class InputError(Exception):
@@ -69,8 +82,9 @@ def resolve_gpus(spec: str, host_ram_gib: Optional[float]) -> Tuple[Dict[str, An
     match = SYNTHETIC.match(spec)
     if match:
         count, memory, cc = int(match.group(1)), float(match.group(2)), match.group(3) or "7.0"
-        if count < 1:
-            raise InputError(f"--gpus {spec}: at least one GPU")
+        if not 1 <= count <= SYNTHETIC_MAX_GPUS or not 0 < memory < 2 ** 20:
+            raise InputError(f"--gpus {spec}: COUNT must be 1 to {SYNTHETIC_MAX_GPUS} GPUs and MEMORY_GIB more than 0, "
+                             "e.g. 8x32@7.0")
         return synthetic_gpu_facts(count, memory, cc, None), host_ram_gib, "synthetic spec"
     path = spec if os.path.isfile(spec) else str(REPO / "lab" / "profiles" / f"{spec}.json")
     if not os.path.isfile(path):
@@ -93,6 +107,37 @@ def resolve_gpus(spec: str, host_ram_gib: Optional[float]) -> Tuple[Dict[str, An
                      "(devices, as `revive gpus --json` prints)")
 
 
+def bounded(path: str) -> Callable[[str], Any]:
+    """An argparse type for the planner input `path`: its BOUNDS entry, refused at parse time (exit 2)."""
+    bound, option = BOUNDS[path], option_for(path)
+
+    def parse(text: str) -> Any:
+        try:
+            value = bound.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(PlanInputError(path, text, bound.allowed(), "give a value in that range")
+                                             .message(option)) from None
+        try:
+            bound.check(path, value)
+        except PlanInputError as exc:
+            raise argparse.ArgumentTypeError(exc.message(option)) from None
+        return value
+    return parse
+
+
+def gpu_indices(text: str) -> List[int]:
+    """--exclude-gpus: comma-separated GPU indices, each a GPU_INDEX."""
+    try:
+        indices = [int(part) for part in text.split(",") if part.strip()]
+        check_gpu_indices("overrides.exclude_gpus", indices)
+    except (ValueError, PlanInputError):
+        raise argparse.ArgumentTypeError(PlanInputError("overrides.exclude_gpus", text, "comma-separated GPU "
+                                                        f"indices, each from 0 to {GPU_INDEX.high}",
+                                                        "give the indices `revive gpus` shows, e.g. 3,5")
+                                         .message("--exclude-gpus")) from None
+    return indices
+
+
 def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="revive plan", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -100,18 +145,23 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="model directory or config.json")
     parser.add_argument("--gpus", required=True, help="lab profile name or file, GPU facts JSON, or COUNTxGIB[@CC]")
     parser.add_argument("--vllm-version")
-    parser.add_argument("--tensor-parallel-size", type=int)
-    parser.add_argument("--gpu-memory-utilization", type=float)
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--max-num-batched-tokens", type=int)
-    parser.add_argument("--swap-space", type=float, help="GiB per GPU")
-    parser.add_argument("--concurrency", type=int, default=32, help="concurrent requests (default: the notes' 32)")
-    parser.add_argument("--slo-p95-s", type=float, default=12.0, help="p95 end-to-end target (default 12)")
-    parser.add_argument("--output-tokens", type=int, default=200, help="max_tokens of a request (default 200)")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="typical prompt tokens (default 256)")
-    parser.add_argument("--host-ram-gib", type=float, help="host RAM (default: the lab profile's, else unknown)")
-    parser.add_argument("--exclude-gpus", default="", help="comma-separated GPU indices to leave out")
+    parser.add_argument("--tensor-parallel-size", type=bounded("overrides.tensor_parallel_size"))
+    parser.add_argument("--gpu-memory-utilization", type=bounded("overrides.gpu_memory_utilization"))
+    parser.add_argument("--max-model-len", type=bounded("workload.max_model_len"))
+    parser.add_argument("--max-num-seqs", type=bounded("overrides.max_num_seqs"))
+    parser.add_argument("--max-num-batched-tokens", type=bounded("overrides.max_num_batched_tokens"))
+    parser.add_argument("--swap-space", type=bounded("overrides.swap_space"), help="GiB per GPU")
+    parser.add_argument("--concurrency", type=bounded("workload.concurrency"), default=32,
+                        help="concurrent requests (default: the notes' 32)")
+    parser.add_argument("--slo-p95-s", type=bounded("workload.slo_p95_e2e_s"), default=12.0,
+                        help="p95 end-to-end target (default 12)")
+    parser.add_argument("--output-tokens", type=bounded("workload.slo_output_tokens"), default=200,
+                        help="max_tokens of a request (default 200)")
+    parser.add_argument("--prompt-tokens", type=bounded("workload.typical_prompt_tokens"), default=256,
+                        help="typical prompt tokens (default 256)")
+    parser.add_argument("--host-ram-gib", type=bounded("host_ram_gib"),
+                        help="host RAM (default: the lab profile's, else unknown; 0: unknown)")
+    parser.add_argument("--exclude-gpus", type=gpu_indices, default=[], help="comma-separated GPU indices to leave out")
     parser.add_argument("--model-path", help="model path as the server sees it (default --model's directory)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--no-bf16-conversion", action="store_true", help="refuse BF16 weights on GPUs without BF16")
@@ -133,10 +183,6 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         releases = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
     except ReleaseDataError as exc:
         raise InputError(str(exc)) from exc
-    try:
-        excluded = [int(part) for part in args.exclude_gpus.split(",") if part.strip()]
-    except ValueError as exc:
-        raise InputError(f"--exclude-gpus {args.exclude_gpus!r}: expected indices like 3,5") from exc
     model_dir = model["path"] if os.path.isdir(model["path"]) else os.path.dirname(model["path"])
     result = run_planner(
         facts, model, releases,
@@ -145,7 +191,7 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         Overrides(vllm_version=args.vllm_version, tensor_parallel_size=args.tensor_parallel_size,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, swap_space=args.swap_space,
-                  exclude_gpus=excluded, allow_bf16_conversion=not args.no_bf16_conversion),
+                  exclude_gpus=args.exclude_gpus, allow_bf16_conversion=not args.no_bf16_conversion),
         Serve(model_path=args.model_path or model_dir, served_model_name=args.served_model_name),
         int(ram_gib * GiB) if ram_gib else None,
         PackageSource(type=args.source, index_url=args.index_url),
@@ -222,6 +268,9 @@ def main(argv: List[str]) -> int:
     except InputError as exc:
         print(f"revive plan: {exc}", file=sys.stderr)
         return 2
+    except PlanInputError as exc:
+        print(f"revive plan: {exc.message(option_for(exc.field))}", file=sys.stderr)
+        return 2
     except PlanRefusal as exc:
         if args.json:
             sys.stdout.write(json.dumps({"refused": True, "reason": exc.reason, "source": exc.source}, indent=2) + "\n")
@@ -229,6 +278,10 @@ def main(argv: List[str]) -> int:
         return 1
     except PlanError as exc:
         print(f"revive plan: planner error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - no traceback for any input; the tests fail on this text
+        print(f"revive plan: internal error (a bug in revive, not your input: report it with the command line): "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

@@ -54,14 +54,17 @@ from typing import Any, Dict, Optional
 from ansible.module_utils.revive_plan.gpus import gpu_set_from_facts, synthetic_gpu_facts  # noqa: F401 - re-exported
 from ansible.module_utils.revive_plan.inputs import (  # noqa: F401 - re-exported
     PUBLIC_INDEX,
+    BOUNDS,
     Decisions,
     Overrides,
     PackageSource,
     PlanError,
+    PlanInputError,
     PlanRefusal,
     PlanRequest,
     Serve,
     Workload,
+    check_against_gpus,
 )
 from ansible.module_utils.revive_plan.layout import choose_layout
 from ansible.module_utils.revive_plan.plan import Plan, build_plan
@@ -79,7 +82,7 @@ def plan(
     host_ram_bytes: Optional[int] = None,
     source: Optional[PackageSource] = None,
 ) -> Plan:
-    """Plan a release (see the module docstring); raises PlanRefusal or PlanError."""
+    """Plan a release (see the module docstring); raises PlanInputError, PlanRefusal or PlanError."""
     request = PlanRequest(workload=workload or Workload(), overrides=overrides or Overrides(), serve=serve or Serve(),
                           host_ram_bytes=host_ram_bytes, source=source or PackageSource())
     decisions = Decisions()
@@ -87,6 +90,7 @@ def plan(
         origin = next(iter(gpu_facts.get("notes") or []), "lab or synthetic facts")
         decisions.warnings.append(f"GPU facts are simulated ({origin}): the plan is for the described hardware, "
                                   "not for a probed one")
+    check_against_gpus(request.overrides, [int(d["index"]) for d in gpu_facts.get("devices", [])])
     gpus = gpu_set_from_facts(gpu_facts, request.overrides.exclude_gpus, decisions)
     settings = engine_settings(model, gpus, releases, request, decisions)
     layout = choose_layout(model, gpus, settings, request.workload, request.overrides, decisions)

@@ -1,8 +1,15 @@
 """What the planner is asked (workload, operator overrides, serving settings, package source) and how it
-answers: one reason per decision, warnings, or a refusal."""
+answers: one reason per decision, warnings, or a refusal.
+
+Every numeric and enumerated input is checked when its dataclass is built (`BOUNDS`, docs/inputs.md): a value
+out of range or of the wrong type raises PlanInputError, which bin/revive plan and library/vllm_plan.py render
+with the input's name as their user writes it. What depends on the node's GPUs (`check_against_gpus`) is a
+PlanRefusal instead: that node cannot run it, another may (the preflight quarantines it).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
 
 # Defaults from docs/field-report.md ('Acceptance targets (the operator's SLO)'), ('Load test method').
@@ -27,6 +34,124 @@ class PlanError(Exception):
     """The planner produced something the release would reject (a bug in the planner or the data)."""
 
 
+class PlanInputError(ValueError):
+    """An input out of its range or of the wrong type. `field` is its path ("workload.max_model_len"), which
+    is also its name in library/vllm_plan.py; `message(name)` says it under the caller's name for it."""
+
+    def __init__(self, field: str, value: Any, allowed: str, fix: str):
+        self.field, self.value, self.allowed, self.fix = field, value, allowed, fix
+        super().__init__(self.message())
+
+    def message(self, name: Optional[str] = None) -> str:
+        return f"{name or self.field} is {self.value!r}: it must be {self.allowed}. Fix: {self.fix}"
+
+
+def _shown(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One input's type and range. `unset` is a value that means "the planner chooses" (kept as it was)."""
+
+    kind: type                      # int or float (a bool is neither)
+    low: float
+    high: float = 2 ** 31 - 1       # a sanity cap far beyond any real value: keeps the planner's arithmetic finite
+    low_open: bool = False          # low itself excluded
+    optional: bool = False          # None allowed: the planner chooses
+    unset: Optional[float] = None
+    unset_means: str = "the planner chooses"
+    why: str = ""
+
+    def allowed(self) -> str:
+        number = "a whole number" if self.kind is int else "a finite number"
+        low = f"more than {_shown(self.low)}" if self.low_open else f"at least {_shown(self.low)}"
+        text = f"{number} {low} and at most {_shown(self.high)}"
+        if self.unset is not None:
+            text += f" ({_shown(self.unset)}: {self.unset_means})"
+        return text + (f" ({self.why})" if self.why else "")
+
+    def check(self, path: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        fix = "give a value in that range" + (", or leave it out to let the planner choose" if self.optional else "")
+        good_type = isinstance(value, int if self.kind is int else (int, float)) and not isinstance(value, bool)
+        if not good_type:
+            raise PlanInputError(path, value, self.allowed(), fix)
+        if value == self.unset:
+            return
+        if not math.isfinite(value) or value > self.high or value < self.low or (self.low_open and value == self.low):
+            raise PlanInputError(path, value, self.allowed(), fix)
+
+
+# The planner's inputs and their bounds, by path; docs/inputs.md has the same table with the reasons.
+BOUNDS: Dict[str, Bound] = {
+    "workload.max_model_len": Bound(int, 1, optional=True, why="and at most the model's maximum"),
+    "workload.concurrency": Bound(int, 1),
+    "workload.slo_p95_e2e_s": Bound(float, 0, high=10 ** 6, low_open=True),
+    "workload.slo_output_tokens": Bound(int, 1),
+    "workload.typical_prompt_tokens": Bound(int, 1),
+    "overrides.tensor_parallel_size": Bound(int, 1, optional=True, unset=0,
+                                            why="and at most the GPUs left after exclude_gpus"),
+    "overrides.gpu_memory_utilization": Bound(float, 0, high=1, low_open=True, optional=True,
+                                              why="a fraction of each GPU's memory"),
+    "overrides.max_num_seqs": Bound(int, 1, optional=True),
+    "overrides.max_num_batched_tokens": Bound(int, 1, optional=True, unset=0),
+    "overrides.swap_space": Bound(float, 0, high=2 ** 20, optional=True, why="GiB per GPU"),
+    "serve.base_port": Bound(int, 1, high=65535, why="a TCP port; replica N listens on base_port + N"),
+    "host_ram_bytes": Bound(int, 1, high=2 ** 62, optional=True),
+    # The front ends' own units for host RAM (bin/revive plan, library/vllm_plan.py); 0 is "unknown", as before.
+    "host_ram_gib": Bound(float, 0, high=2 ** 32, optional=True, unset=0, unset_means="unknown"),
+    "host_ram_mb": Bound(int, 0, high=2 ** 42, optional=True, unset=0, unset_means="unknown"),
+}
+GPU_INDEX = Bound(int, 0, high=1023)
+SOURCE_TYPES = ("index", "mirror", "wheelhouse")
+
+
+def check_bounds(section: str, values: Any) -> None:
+    """Raise PlanInputError for the first field of dataclass `values` outside BOUNDS[f"{section}.{name}"]."""
+    for item in fields(values):
+        bound = BOUNDS.get(f"{section}.{item.name}")
+        if bound is not None:
+            bound.check(f"{section}.{item.name}", getattr(values, item.name))
+
+
+def check_gpu_indices(path: str, value: Any) -> None:
+    """A list of GPU indices, each a GPU_INDEX (what `revive gpus` numbers them)."""
+    allowed = f"a list of GPU indices, each a whole number from 0 to {_shown(GPU_INDEX.high)}"
+    try:
+        if not isinstance(value, (list, tuple)):
+            raise PlanInputError(path, value, allowed, "")
+        for index in value:
+            GPU_INDEX.check(path, index)
+    except PlanInputError:
+        raise PlanInputError(path, value, allowed, "list the indices `bin/revive gpus` shows, e.g. [3, 5]") from None
+
+
+def check_flag(path: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise PlanInputError(path, value, "true or false", f"set {path} to true or false")
+
+
+def check_against_gpus(overrides: "Overrides", indices: Sequence[int]) -> None:
+    """The overrides that depend on the node's GPUs: refused (not an input error) since another node may fit."""
+    unknown = sorted(set(overrides.exclude_gpus) - set(indices))
+    if unknown:
+        raise PlanRefusal(f"exclude_gpus (--exclude-gpus) names GPU(s) {unknown} that this node does not have; its "
+                          f"GPUs are {sorted(indices)}. Fix: exclude only indices `bin/revive gpus` lists.",
+                          "GPU facts; docs/inputs.md")
+    left = len(set(indices) - set(overrides.exclude_gpus))
+    if indices and not left:
+        raise PlanRefusal(f"exclude_gpus (--exclude-gpus) {sorted(overrides.exclude_gpus)} excludes every GPU of "
+                          "this node: nothing is left to plan for. Fix: exclude fewer GPUs, or leave the node out.",
+                          "GPU facts; docs/inputs.md")
+    tp = overrides.tensor_parallel_size
+    if tp and indices and tp > left:
+        raise PlanRefusal(f"tensor_parallel_size (--tensor-parallel-size) {tp} is more than the {left} GPU(s) this "
+                          f"node has after exclusions. Fix: set at most {left}, or leave it out to let the planner "
+                          "choose.", "GPU facts; docs/inputs.md")
+
+
 @dataclass
 class Workload:
     max_model_len: Optional[int] = None
@@ -35,6 +160,10 @@ class Workload:
     slo_output_tokens: int = NOTES_OUTPUT_TOKENS
     typical_prompt_tokens: int = NOTES_PROMPT_TOKENS
     metrics: bool = True
+
+    def __post_init__(self) -> None:
+        check_bounds("workload", self)
+        check_flag("workload.metrics", self.metrics)
 
 
 @dataclass
@@ -48,6 +177,14 @@ class Overrides:
     exclude_gpus: Sequence[int] = ()
     allow_bf16_conversion: bool = True
 
+    def __post_init__(self) -> None:
+        check_bounds("overrides", self)
+        check_flag("overrides.allow_bf16_conversion", self.allow_bf16_conversion)
+        if self.vllm_version is not None and (not isinstance(self.vllm_version, str) or not self.vllm_version):
+            raise PlanInputError("overrides.vllm_version", self.vllm_version, "a release of data/vllm-releases.yml",
+                                 "set a version string such as \"0.8.5.post1\", or leave it out")
+        check_gpu_indices("overrides.exclude_gpus", self.exclude_gpus)
+
 
 @dataclass
 class PackageSource:
@@ -55,6 +192,11 @@ class PackageSource:
 
     type: str = "index"
     index_url: str = PUBLIC_INDEX
+
+    def __post_init__(self) -> None:
+        if self.type not in SOURCE_TYPES:
+            raise PlanInputError("package_source.type", self.type, f"one of {', '.join(SOURCE_TYPES)}",
+                                 f"set one of {', '.join(SOURCE_TYPES)}")
 
     @property
     def is_public_index(self) -> bool:
@@ -72,6 +214,11 @@ class Serve:
     host: str = "0.0.0.0"
     base_port: int = 8000
 
+    def __post_init__(self) -> None:
+        check_bounds("serve", self)
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise PlanInputError("serve.host", self.host, "an address to bind", "set an address, e.g. 0.0.0.0")
+
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -82,6 +229,17 @@ class PlanRequest:
     serve: Serve
     host_ram_bytes: Optional[int]
     source: PackageSource
+
+    def __post_init__(self) -> None:
+        BOUNDS["host_ram_bytes"].check("host_ram_bytes", self.host_ram_bytes)
+
+
+def check_ports(serve: Serve, replicas: int) -> None:
+    """The last replica's port (base_port + replicas - 1) must still be a TCP port."""
+    if serve.base_port + replicas - 1 > 65535:
+        raise PlanInputError("serve.base_port", serve.base_port, f"at most {65536 - replicas} for {replicas} "
+                             "replicas (replica N listens on base_port + N, a TCP port up to 65535)",
+                             f"set base_port to at most {65536 - replicas}")
 
 
 @dataclass

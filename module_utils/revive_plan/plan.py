@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.revive_kv import GiB, KvEstimate, kv_cache_plan
 from ansible.module_utils.revive_plan.gpus import GpuSet
-from ansible.module_utils.revive_plan.inputs import Decisions, PlanError, PlanRefusal, PlanRequest
+from ansible.module_utils.revive_plan.inputs import Decisions, PlanError, PlanRefusal, PlanRequest, check_ports
 from ansible.module_utils.revive_plan.layout import (
     MAX_NUM_SEQS_HEADROOM,
     Candidate,
@@ -283,6 +283,7 @@ def build_plan(model: Dict[str, Any], gpus: GpuSet, settings: EngineSettings, la
     if idle:
         decisions.warnings.append(f"GPUs {idle} stay idle: they do not make a whole TP-{tp} group")
     _record_limits(chosen, settings, request, decisions)
+    check_ports(request.serve, replica_count)
     swap = swap_space_for(settings, tp, replica_count, request, decisions)
     final_kv = kv_cache_plan(model, tp, gpus.total_bytes, settings.gpu_memory_utilization, swap or 0,
                              max_num_batched_tokens=settings.max_num_batched_tokens,
