@@ -1,5 +1,6 @@
-"""Filters of the hand-over, the roll and the rollback: thin wiring over module_utils/revive_handover.py and
-module_utils/revive_record/journal.py, where the decisions live and are unit-tested (tests/unit/test_handover.py).
+"""Filters of the hand-over, the roll, the rollback and the bench: thin wiring over module_utils/revive_handover.py,
+module_utils/revive_record/journal.py and module_utils/revive_bench/invocation.py, where the decisions live and are
+unit-tested (tests/unit/test_handover.py, test_bench_invocation.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -25,6 +26,7 @@ from ansible.module_utils.revive_handover import (  # noqa: E402
     roll_summary,
     served_model_name,
 )
+from ansible.module_utils.revive_bench.invocation import bench_argv, bench_outcome  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
 
 
@@ -33,6 +35,8 @@ class FilterModule:
 
     def filters(self):
         return {
+            "bench_argv": bench_argv,
+            "bench_outcome": bench_outcome,
             "failure_message": failure_message,
             "handover_state": handover_state,
             "handover_result": handover_result,

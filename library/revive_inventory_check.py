@@ -43,7 +43,7 @@ options:
     description: What the run does; each stage needs its own variables on its own groups' hosts.
     type: list
     elements: str
-    choices: [preflight, provision, handover, rolling]
+    choices: [preflight, provision, handover, rolling, benchmark]
     default: [preflight, provision, handover]
 attributes:
   check_mode:

@@ -32,7 +32,7 @@ SET_IN = "inventory/<yours>/group_vars/all/"
 # variable, e.g. a vault variable that is not loaded).
 UNDEFINED = "__revive_undefined__"
 
-STAGES = ("preflight", "provision", "handover", "rolling")
+STAGES = ("preflight", "provision", "handover", "rolling", "benchmark")
 
 _MODEL = ("revive_model_name", "revive_model_revision", "revive_model_source_type", "revive_model_source_path")
 _PACKAGES = ("revive_pip_source", "revive_lock_dir")
@@ -46,6 +46,7 @@ STAGE_NEEDS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "provision": {"gpu_nodes": _MODEL + _PACKAGES + ("revive_api_key",)},
     "handover": {"gpu_nodes": ("revive_api_key",), "bench": ("revive_model_name", "revive_api_key")},
     "rolling": {"gpu_nodes": ("revive_api_key",)},
+    "benchmark": {"bench": ("revive_model_name", "revive_api_key", "revive_slo_p95_e2e_s", "revive_slo_output_tokens")},
 }
 # The groups that must hold a host for a stage to do its work.
 STAGE_GROUPS: Dict[str, Tuple[str, ...]] = {
@@ -53,6 +54,7 @@ STAGE_GROUPS: Dict[str, Tuple[str, ...]] = {
     "provision": ("gpu_nodes",),
     "handover": ("gpu_nodes",),
     "rolling": ("gpu_nodes", "lb"),
+    "benchmark": ("gpu_nodes", "bench"),
 }
 GROUP_ROLES = {"gpu_nodes": "the GPU nodes", "lb": "the front door (HAProxy) the roll drains nodes through",
                "bench": "the bench host"}

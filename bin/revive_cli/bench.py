@@ -2,12 +2,14 @@
 
     revive bench --url URL[,URL...] --model NAME [--concurrency 8,16,32,64] [--duration S] [--warmup S]
                  [--max-tokens 200] [--slo-e2e-p95 12] --out DIR [--json] [--api-key KEY] [--chat] [--ignore-eos]
-                 [--rate R] [--prompts FILE] [--seed N] [--timeout S]
+                 [--rate R] [--prompts FILE] [--seed N] [--timeout S] [--time-scale auto|X]
 
 Each level is a closed loop of N requests in flight (or, with --rate, Poisson arrivals with N as the cap),
 `--warmup` seconds not measured, then `--duration` seconds measured; requests still in flight at the end are
 waited for but not measured. Every level gets a verdict (PASS / FAIL / INCONCLUSIVE / INVALID, docs/bench.md);
 --out gets requests.jsonl, summary.json, levels.csv and report.md. Progress goes to stderr.
+Against a simulated server (the lab twin: /version reports twin.time_scale, or --time-scale X), latencies, the SLO
+and throughputs are in simulated seconds (wall / X); --duration, --warmup and --timeout stay wall seconds.
 Exit status: 0 every level PASS, 1 some level FAIL, 2 usage or connection error, 3 inconclusive or invalid
 (and nothing failed).
 """
@@ -19,10 +21,10 @@ import math
 import os
 import shlex
 import sys
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from ansible.module_utils.revive_bench.client import URLError, parse_url
-from ansible.module_utils.revive_bench.probe import ProbeError
+from ansible.module_utils.revive_bench.probe import ProbeError, TimeScaleError
 from ansible.module_utils.revive_bench.prompts import PromptError, load
 from ansible.module_utils.revive_bench.report import write
 from ansible.module_utils.revive_bench.run import Options, run_sync
@@ -59,6 +61,13 @@ def _urls(text: str) -> list:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _time_scale(text: str) -> Optional[float]:
+    """'auto' (None: the targets' /version twin.time_scale, else 1) or a positive number."""
+    if text.strip().lower() == "auto":
+        return None
+    return _number(float, 0, True)(text)
+
+
 def _share(text: str) -> float:
     value = _number(float, 0, False)(text)
     if value > 1:
@@ -74,10 +83,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--url", required=True, type=_urls, help="base URL(s), comma-separated: round robin")
     parser.add_argument("--model", required=True, help="the served model name")
     parser.add_argument("--concurrency", type=_levels, default=[8, 16, 32, 64], help="levels (default 8,16,32,64)")
-    parser.add_argument("--duration", type=positive, default=600.0, help="measured seconds per level (default 600)")
-    parser.add_argument("--warmup", type=non_negative, default=30.0, help="unmeasured seconds first (default 30)")
+    parser.add_argument("--duration", type=positive, default=600.0,
+                        help="measured wall seconds per level (default 600)")
+    parser.add_argument("--warmup", type=non_negative, default=30.0,
+                        help="unmeasured wall seconds first (default 30)")
     parser.add_argument("--max-tokens", type=_number(int, 0, True), default=200)
-    parser.add_argument("--slo-e2e-p95", type=positive, default=12.0, help="P95 E2E target in seconds (default 12)")
+    parser.add_argument("--slo-e2e-p95", type=positive, default=12.0,
+                        help="P95 E2E target in (simulated) seconds (default 12)")
     parser.add_argument("--confidence", type=_number(float, 0.5, False), default=0.95,
                         help="of the P95 bounds (default 0.95)")
     parser.add_argument("--out", required=True, help="report directory")
@@ -86,13 +98,19 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="bearer token (default: $REVIVE_API_KEY)")
     parser.add_argument("--chat", action="store_true", help="/v1/chat/completions instead of /v1/completions")
     parser.add_argument("--ignore-eos", action="store_true", help="answers run to max_tokens (early EOS is gated)")
-    parser.add_argument("--rate", type=positive, help="open loop: Poisson arrivals per second")
+    parser.add_argument("--rate", type=positive, help="open loop: Poisson arrivals per (wall) second")
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL of prompts (default: bundled)")
     parser.add_argument("--prompt-tokens", type=_number(int, 0, True), default=256,
                         help="trim prompts to this many tokens (approximate; default 256)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=positive, default=120.0, help="per request, seconds (default 120)")
-    parser.add_argument("--connect-timeout", type=positive, default=10.0)
+    parser.add_argument("--timeout", type=positive, default=120.0, help="per request, wall seconds (default 120)")
+    parser.add_argument("--connect-timeout", type=positive, default=10.0, help="wall seconds (default 10)")
+    parser.add_argument("--time-scale", type=_time_scale, default=None, metavar="auto|X",
+                        help="the server's simulated clock: one simulated second lasts X wall seconds (the lab "
+                             "twin's VLLM_SIM_TIME_SCALE); latencies, the SLO and throughputs are then in simulated "
+                             "seconds (wall / X), --duration/--warmup/--timeout and the dispatch lag stay wall "
+                             "seconds. auto (default): the targets' /version twin.time_scale (all must agree), "
+                             "else 1")
     parser.add_argument("--max-lag-p99-ms", type=non_negative, default=50.0,
                         help="INVALID above this dispatch lag p99 (default 50)")
     parser.add_argument("--min-achieved", type=_share, default=0.95,
@@ -110,13 +128,16 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 
 def progress_line(event: Dict[str, Any]) -> None:
+    simulated = event.get("time_scale", 1.0) != 1.0
     if "verdict" in event:
-        print(f"bench: level {event['level']}: {event['verdict']}: {'; '.join(event['reasons'])}", file=sys.stderr)
+        print(f"bench: level {event['level']}: {event['verdict']}: {'; '.join(event['reasons'])}"
+              f"{' (simulated s)' if simulated else ''}", file=sys.stderr)
         return
     p95 = event["e2e_p95_s"]
+    unit = " s (simulated s)" if simulated else " s"
     print(f"bench: level {event['level']} {event['phase']} {event['elapsed_s']:6.1f} s  completions "
           f"{event['completions']}  in flight {event['in_flight']}  P95 E2E "
-          f"{'-' if p95 is None else f'{p95:.3f} s'}  errors {event['errors']}", file=sys.stderr)
+          f"{'-' if p95 is None else f'{p95:.3f}{unit}'}  errors {event['errors']}", file=sys.stderr)
 
 
 def _observations(path: str) -> Dict[int, Dict[str, Any]]:
@@ -161,9 +182,12 @@ def main(argv: List[str]) -> int:
                       max_early_eos_share=args.max_early_eos),
         kind="chat" if args.chat else "completions", api_key=args.api_key, ignore_eos=args.ignore_eos,
         rate=args.rate, seed=args.seed, timeout=args.timeout, connect_timeout=args.connect_timeout,
-        confidence=args.confidence, node_observations=observations)
+        confidence=args.confidence, node_observations=observations, time_scale=args.time_scale)
     try:
         result = run_sync(options, progress_line)
+    except TimeScaleError as exc:
+        print(f"revive bench: {exc}", file=sys.stderr)
+        return 2
     except ProbeError as exc:
         print(f"revive bench: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +199,8 @@ def main(argv: List[str]) -> int:
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     verdicts = ", ".join(f"{c}: {v}" for c, v in summary["verdicts"].items())
+    simulation = summary.get("simulation")
+    simulated = f"; simulated server, time scale {simulation['time_scale']:g}" if simulation else ""
     print(f"revive bench: {verdicts}; recommended concurrency {summary['recommended_concurrency'] or 'none'}; "
-          f"reports in {os.path.dirname(paths[0])}", file=sys.stderr)
+          f"reports in {os.path.dirname(paths[0])}{simulated}", file=sys.stderr)
     return result["exit_code"]

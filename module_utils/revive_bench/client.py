@@ -6,11 +6,11 @@ every request's time, as in vLLM 0.5.4's own benchmark (docs/facts/loadtest.md Â
 
 Every request keeps its raw timestamps (seconds on one `time.perf_counter` clock; the run's summary has the wall
 clock at its zero): `scheduled` (when the load generator meant to send it), `sent` (just before the connection is
-opened), `first_byte`, `events` (time and token count of every content-bearing SSE event), `ended`. Whether it
-counts as complete is decided here, once (`classify`): HTTP 200 with an event stream, a clean end of the body, a
-`finish_reason` for every choice, `[DONE]` when the server was seen sending it, no error event, at least one
-content event. A cut stream, a non-200 answer, a timeout is a failure with its reason, never a short success; there
-are no retries.
+opened), `first_byte`, `events` (time and token count of every content-bearing SSE event; the events of one
+socket read share its time), `ended`. Whether it counts as complete is decided here, once (`classify`): HTTP 200
+with an event stream, a clean end of the body, a `finish_reason` for every choice, `[DONE]` when the server was seen
+sending it, no error event, at least one content event. A cut stream, a non-200 answer, a timeout is a failure with
+its reason, never a short success; there are no retries.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ except ImportError:  # copied to a host as plain top-level files, next to revive
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 MAX_ERROR_BODY = 65536
+LINE_LIMIT = 1 << 20            # as the StreamReader limit of _open: a longer line is not HTTP we read
 clock = time.perf_counter
 
 
@@ -67,6 +68,11 @@ def parse_url(url: str) -> Target:
                   parts.path.rstrip("/"))
 
 
+# The header the front door names the answering server in (roles/frontdoor `frontdoor_served_by_header`'s default):
+# review.py attributes each request to its replica by it.
+SERVED_BY_HEADER = "x-revive-server"
+
+
 @dataclass
 class RequestRecord:
     """One request as the client saw it; `asdict` of it is a line of requests.jsonl."""
@@ -79,7 +85,9 @@ class RequestRecord:
     scheduled: float = 0.0
     sent: float = 0.0
     first_byte: Optional[float] = None
-    events: List[List[float]] = field(default_factory=list)   # [time, tokens] per content event
+    events: List[Tuple[float, int]] = field(default_factory=list)   # (time, tokens) per content event: a tuple,
+    # not a list, so the garbage collector stops tracking it (a level holds ~10^5 of them; full collections that
+    # walk every list stalled the event loop for tens of ms); requests.jsonl has it as [time, tokens] all the same
     ended: Optional[float] = None
     status: int = 0
     finish_reasons: List[Optional[str]] = field(default_factory=list)
@@ -90,6 +98,7 @@ class RequestRecord:
     text_chars: int = 0
     error: Optional[str] = None
     ok: bool = False
+    served_by: Optional[str] = None   # the front door's X-Revive-Server: which replica answered (fleet mode)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -145,35 +154,86 @@ async def _read_head(reader: asyncio.StreamReader) -> Tuple[int, Dict[str, str]]
     return int(parts[1]), headers
 
 
-async def body_pieces(reader: asyncio.StreamReader, headers: Dict[str, str]):
-    """The body's bytes as they arrive: chunked, Content-Length or close-delimited; a cut body raises
-    ConnectionError (asyncio's IncompleteReadError is one)."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
+def _chunk_size(line: bytes) -> int:
+    return int(line.split(b";")[0].strip() or b"0", 16)
+
+
+async def _chunked_pieces(reader: asyncio.StreamReader):
+    """A chunked body's data, decoded from whatever the socket has delivered: the payloads of every complete chunk
+    in one read come out as one piece (one reader call per read, not two per chunk: at thousands of tokens a
+    second, one SSE event per chunk, the per-chunk readline/readexactly were a large part of the client's cost).
+    The errors are those of the StreamReader calls it replaces, raised after the data before them."""
+    buffer, pos, trailers = bytearray(), 0, False
+    while True:
+        data = await reader.read(65536)
+        if data:
+            if pos:
+                del buffer[:pos]
+                pos = 0
+            buffer += data
+        pieces: List[bytes] = []
+        error: Optional[Exception] = None
         while True:
-            size_line = await reader.readline()
-            if not size_line.endswith(b"\n"):
-                raise ConnectionError("the connection was cut inside the chunked body")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            eol = buffer.find(b"\n", pos)
+            if eol < 0:
+                if len(buffer) - pos > LINE_LIMIT:
+                    error = ValueError(f"a chunked-body line of more than {LINE_LIMIT} bytes")
+                elif not data and not trailers:
+                    error = ConnectionError("the connection was cut inside the chunked body")
+                break
+            if trailers:
+                if eol - pos <= 1 and buffer[pos:eol] in (b"", b"\r"):
+                    break
+                pos = eol + 1
+                continue
+            try:
+                size = _chunk_size(buffer[pos:eol + 1])
+            except ValueError as exc:
+                error = exc
+                break
             if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return
-            data = await reader.readexactly(size + 2)
-            yield data[:-2]
-    elif "content-length" in headers:
-        left = int(headers["content-length"])
-        while left > 0:
-            data = await reader.read(min(left, 65536))
-            if not data:
-                raise ConnectionError(f"the connection was cut with {left} body bytes missing")
-            left -= len(data)
-            yield data
-    else:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                return
-            yield data
+                trailers, pos = True, eol + 1
+                continue
+            end = eol + 1 + size + 2
+            if len(buffer) < end:
+                if not data:   # the body ends inside a chunk: asyncio's own error, as readexactly raises it
+                    error = asyncio.IncompleteReadError(bytes(buffer[eol + 1:]), size + 2)
+                break
+            pieces.append(buffer[eol + 1:end - 2])
+            pos = end
+        if pieces:
+            yield b"".join(pieces)
+        if error is not None:
+            raise error
+        if trailers and (eol >= 0 or not data):
+            return         # the blank line after the trailers, or the body's end among them: the answer is whole
+
+
+def body_pieces(reader: asyncio.StreamReader, headers: Dict[str, str]):
+    """The body's bytes as they arrive (an async iterator): chunked, Content-Length or close-delimited; a cut body
+    raises ConnectionError (asyncio's IncompleteReadError is one)."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _chunked_pieces(reader)
+    if "content-length" in headers:
+        return _length_pieces(reader, int(headers["content-length"]))
+    return _close_pieces(reader)
+
+
+async def _length_pieces(reader: asyncio.StreamReader, left: int):
+    while left > 0:
+        data = await reader.read(min(left, 65536))
+        if not data:
+            raise ConnectionError(f"the connection was cut with {left} body bytes missing")
+        left -= len(data)
+        yield data
+
+
+async def _close_pieces(reader: asyncio.StreamReader):
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            return
+        yield data
 
 
 async def fetch(target: Target, method: str, path: str, api_key: str = "", body: Optional[bytes] = None,
@@ -243,7 +303,7 @@ def _take_event(record: RequestRecord, kind: str, event: str, now: float, state:
         if choices and isinstance(completion, int):
             tokens = max(completion - state["running"], 0)
             state["running"] = completion
-        record.events.append([now, tokens])
+        record.events.append((now, tokens))
         record.text_chars += len(text)
 
 
@@ -275,6 +335,7 @@ async def stream_request(target: Target, kind: str, payload: bytes, record: Requ
             await writer.drain()
             record.status, headers = await _read_head(reader)
             record.first_byte = clock()
+            record.served_by = headers.get(SERVED_BY_HEADER)
             if record.status != 200:
                 data = b""
                 async for piece in body_pieces(reader, headers):

@@ -12,6 +12,11 @@ The client measures itself: dispatch lag = actual send - scheduled send (closed 
 previous answer ended, and the worker yields to the event loop before sending, so a congested loop shows; open
 loop: the Poisson arrival time), and achieved concurrency = the time-weighted number of requests in flight over the
 window. verdict.py turns both into the INVALID rule.
+
+Against a simulated server (LevelConfig.time_scale = s != 1: the lab twin, docs/bench.md "Simulated servers") the
+level still runs `warmup + duration` WALL seconds and the records keep wall times; summarize() reports latencies in
+simulated seconds (wall / s) and throughputs per simulated second (metrics.aggregate), while the dispatch lag stays
+in wall time (it measures the client, not the server) and achieved concurrency, a ratio, needs no scaling.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ class LevelConfig:
     seed: int = 0
     slo_quantile: float = 0.95
     confidence: float = 0.95
+    time_scale: float = 1.0               # wall seconds per simulated second of the server (1.0: a real server)
 
 
 @dataclass
@@ -139,11 +145,12 @@ async def run_level(workload: Workload, config: LevelConfig,
             await asyncio.sleep(PROGRESS_EVERY_S)
             now = clock()
             done = [r for r in records if r.ended is not None and r.sent >= window_start]
-            ok = [r.events[-1][0] - r.sent for r in done if r.ok]
+            ok = [(r.events[-1][0] - r.sent) / config.time_scale for r in done if r.ok]
             progress({"level": config.concurrency, "elapsed_s": now - start,
                       "phase": "warm-up" if now < window_start else ("measure" if now < window_end else "drain"),
                       "completions": len(ok), "errors": len(done) - len(ok),
-                      "in_flight": sum(1 for r in records if r.ended is None), "e2e_p95_s": percentile(ok, 95)})
+                      "in_flight": sum(1 for r in records if r.ended is None), "e2e_p95_s": percentile(ok, 95),
+                      "time_scale": config.time_scale})
 
     reporter = asyncio.ensure_future(report()) if progress else None
     try:
@@ -161,11 +168,16 @@ async def run_level(workload: Workload, config: LevelConfig,
 
 def summarize(dicts: List[Dict[str, Any]], config: LevelConfig, window_start: float, window_end: float
               ) -> Dict[str, Any]:
-    """A level's statistics from its records (also what a saved requests.jsonl recomputes)."""
+    """A level's statistics from its records (also what a saved requests.jsonl recomputes, with the summary's
+    simulation.time_scale as config.time_scale). The window is in the records' wall seconds; with
+    config.time_scale s != 1, latencies are simulated seconds and throughputs per simulated second, the dispatch
+    lag wall seconds."""
     inside = measured(dicts, window_start, window_end)
     window = window_end - window_start
+    scale = config.time_scale
     stats = aggregate(inside, window, tokens_between(dicts, window_start, window_end), config.slo_quantile,
-                      config.confidence)
+                      config.confidence, scale)
+    stats["time_scale"] = scale
     lags = [r["sent"] - r["scheduled"] for r in dicts if window_start <= r["sent"] <= window_end]
     stats["dispatch_lag_s"] = {"p50": percentile(lags, 50), "p99": percentile(lags, 99),
                                "max": max(lags) if lags else None}
@@ -177,7 +189,7 @@ def summarize(dicts: List[Dict[str, Any]], config: LevelConfig, window_start: fl
     for label in sorted({r["target"] for r in dicts}):
         mine = [r for r in inside if r["target"] == label]
         part = aggregate(mine, window, tokens_between([r for r in dicts if r["target"] == label], window_start,
-                                                      window_end), config.slo_quantile, config.confidence)
+                                                      window_end), config.slo_quantile, config.confidence, scale)
         per_target[label] = {key: part[key] for key in ("requests", "completed", "failed", "error_rate",
                                                         "ttft_s", "e2e_s", "output_throughput_tok_s")}
     stats["per_target"] = per_target

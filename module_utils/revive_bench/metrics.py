@@ -9,6 +9,11 @@ Definitions (docs/bench.md has them next to vLLM's and GuideLLM's, docs/facts/lo
   content event, or the running usage's increments when every chunk carries usage); the difference between usage
   and the stream is reported per level, never silently resolved.
 Only complete requests (record.ok) have metrics; failures are counted, never averaged in.
+
+Against a simulated server whose simulated second lasts `time_scale` = s wall seconds (the lab twin's
+VLLM_SIM_TIME_SCALE: every modelled duration x s; docs/bench.md "Simulated servers"), every latency is in simulated
+seconds (wall duration / s) and every throughput per simulated second (wall rate x s). The records keep their wall
+times; only these numbers are scaled, here, so a saved requests.jsonl recomputes the same with the same scale.
 """
 from __future__ import annotations
 
@@ -36,13 +41,14 @@ def stream_tokens(record: Dict[str, Any]) -> int:
     return int(sum(tokens for _, tokens in record["events"]))
 
 
-def request_metrics(record: Dict[str, Any]) -> Optional[RequestMetrics]:
-    """Metrics of one requests.jsonl record (a dict, so a saved file recomputes the same); None unless complete."""
+def request_metrics(record: Dict[str, Any], time_scale: float = 1.0) -> Optional[RequestMetrics]:
+    """Metrics of one requests.jsonl record (a dict, so a saved file recomputes the same); None unless complete.
+    Durations are the record's wall durations / `time_scale` (simulated seconds; 1.0: a real server)."""
     if not record.get("ok") or not record.get("events"):
         return None
-    times = [at for at, _ in record["events"]]
-    ttft = times[0] - record["sent"]
-    e2e = times[-1] - record["sent"]
+    times = [(at - record["sent"]) / time_scale for at, _ in record["events"]]
+    ttft = times[0]
+    e2e = times[-1]
     usage = record.get("usage") or {}
     usage_tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
     counted = stream_tokens(record)
@@ -69,13 +75,15 @@ def tokens_between(records: Sequence[Dict[str, Any]], start: float, end: float) 
 
 
 def aggregate(records: Sequence[Dict[str, Any]], window_s: float, window_tokens: int, slo_quantile: float = 0.95,
-              confidence: float = 0.95) -> Dict[str, Any]:
+              confidence: float = 0.95, time_scale: float = 1.0) -> Dict[str, Any]:
     """A level's numbers over its measured records (the caller has left out warm-up and drain); `window_tokens`
-    is tokens_between() over every record of the level."""
+    is tokens_between() over every record of the level, `window_s` the window's wall seconds. With a `time_scale`
+    s != 1 latencies are wall / s and rates per simulated second (wall rate x s)."""
     measured: List[RequestMetrics] = []
     errors: Dict[str, int] = {}
+    simulated_window = window_s / time_scale
     for record in records:
-        metrics = request_metrics(record)
+        metrics = request_metrics(record, time_scale)
         if metrics is None:
             reason = (record.get("error") or "incomplete").split(":")[0]
             errors[reason] = errors.get(reason, 0) + 1
@@ -99,8 +107,8 @@ def aggregate(records: Sequence[Dict[str, Any]], window_s: float, window_tokens:
         "e2e_p95_bounds": quantile_bounds(e2e, slo_quantile, confidence),
         "output_tokens": output_tokens,
         "output_tokens_mean": output_tokens / len(measured) if measured else None,
-        "output_throughput_tok_s": window_tokens / window_s if window_s > 0 else None,
-        "requests_per_s": len(measured) / window_s if window_s > 0 else None,
+        "output_throughput_tok_s": window_tokens / simulated_window if window_s > 0 else None,
+        "requests_per_s": len(measured) / simulated_window if window_s > 0 else None,
         "usage_vs_stream": {
             "with_usage": len(with_usage),
             "mismatched": len(mismatched),

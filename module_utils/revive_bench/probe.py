@@ -9,13 +9,18 @@ load then asks for no usage (N comes from the stream).
 
 A server that refuses the connection, does not serve the model, or does not answer like an OpenAI server is a
 ProbeError (the command exits 2 with its message).
+
+A simulated server says so in its /version: the lab twin reports `"twin": {"time_scale": s}` (its
+VLLM_SIM_TIME_SCALE, every modelled duration x s). `Traits.time_scale` keeps it; `resolve_time_scale` turns the
+targets' values and --time-scale into the one scale the statistics use (docs/bench.md "Simulated servers").
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .client import RequestRecord, Target, build_request, error_message, fetch, request_body, stream_request
 
@@ -27,6 +32,14 @@ class ProbeError(Exception):
     """The server cannot be benchmarked; the message says which and why."""
 
 
+class TimeScaleError(ProbeError):
+    """--time-scale auto, but the targets do not agree on their simulated time scale (a usage error: exit 2)."""
+
+
+SCALE_FROM_SERVER = "server /version twin.time_scale"
+SCALE_FROM_OPTION = "--time-scale"
+
+
 @dataclass
 class Traits:
     target: str
@@ -36,11 +49,40 @@ class Traits:
     usage: str                 # every_chunk | last_only | none
     role_only_first: bool
     sends_done: bool
-    probe_ttft_s: Optional[float]
+    probe_ttft_s: Optional[float]           # wall seconds, whatever the time scale
     probe_output_tokens: Optional[int]
+    time_scale: Optional[float] = None      # /version's twin.time_scale: a simulated server; None: a real one
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+
+def reported_time_scale(version: Any) -> Optional[float]:
+    """The simulated time scale a /version answer reports (the lab twin's `twin.time_scale`); None when it reports
+    none, or nothing usable (not a positive finite number)."""
+    twin = version.get("twin") if isinstance(version, dict) else None
+    value = twin.get("time_scale") if isinstance(twin, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def resolve_time_scale(traits: Dict[str, Traits], explicit: Optional[float] = None
+                       ) -> Tuple[float, Optional[str]]:
+    """(scale, source): `explicit` (--time-scale X) wins; else (auto) the targets' twin.time_scale when they all
+    report the same one, else 1.0 with no source when none reports one. Targets that disagree (one simulated and
+    one not, or two scales) raise TimeScaleError naming each target and its value."""
+    if explicit is not None:
+        return float(explicit), SCALE_FROM_OPTION
+    reported = {label: t.time_scale for label, t in traits.items()}
+    values = set(reported.values())
+    if len(values) > 1:
+        listed = ", ".join(f"{label}: {'none (not simulated)' if value is None else f'{value:g}'}"
+                           for label, value in reported.items())
+        raise TimeScaleError(f"--time-scale auto: the targets do not agree on their simulated time scale "
+                             f"(/version twin.time_scale): {listed}; bench targets of one kind, or give --time-scale")
+    value = values.pop() if values else None
+    return (1.0, None) if value is None else (value, SCALE_FROM_SERVER)
 
 
 async def _get_json(target: Target, path: str, api_key: str, timeout: float) -> tuple:
@@ -99,4 +141,5 @@ async def probe(target: Target, model: str, kind: str = "completions", api_key: 
     return Traits(target=target.label, version=version, models=models, include_usage_accepted=accepted,
                   usage=usage, role_only_first=record.role_only_first, sends_done=record.done,
                   probe_ttft_s=(record.events[0][0] - record.sent) if record.events else None,
-                  probe_output_tokens=output if isinstance(output, int) else sum(t for _, t in record.events))
+                  probe_output_tokens=output if isinstance(output, int) else sum(t for _, t in record.events),
+                  time_scale=reported_time_scale(version))

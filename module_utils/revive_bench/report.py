@@ -15,8 +15,8 @@ CSV_COLUMNS = ("concurrency", "verdict", "requests", "completed", "failed", "err
                "e2e_p50_s", "e2e_p95_s", "e2e_p95_lower_s", "e2e_p95_upper_s", "tpot_p50_s", "itl_p95_s",
                "output_throughput_tok_s", "requests_per_s", "achieved_concurrency", "dispatch_lag_p99_s",
                "output_tokens_mean", "early_eos", "warmup_excluded", "drain_excluded")
-NO_PLOTS = ("No plots: matplotlib is not available on the bench host in this increment; levels.csv has the "
-            "numbers to plot TTFT and E2E against concurrency.")
+NO_PLOTS = ("No plots yet: `revive bench` writes none on the bench host (standard library only); `revive "
+            "bench-judge DIR` renders them on the controller (playbooks/benchmark.yml runs it).")
 
 
 def csv_row(level: Dict[str, Any]) -> Dict[str, Any]:
@@ -80,27 +80,77 @@ def markdown(summary: Dict[str, Any]) -> str:
               f"{'sent' if traits['sends_done'] else 'not sent'}, stream_options "
               f"{'accepted' if traits['include_usage_accepted'] else 'refused'}"
               for label, traits in p["servers"].items()]
-    lines += ["", NO_PLOTS, ""]
+    lines += _node_sections(summary)
+    lines += ["", "## Plots", ""]
+    lines += [f"![{name}]({name})" for name in summary.get("plots") or []] or [NO_PLOTS]
+    lines.append("")
     return "\n".join(lines)
+
+
+def _node_sections(summary: Dict[str, Any]) -> List[str]:
+    """Per-replica verdicts, outliers, node observations and node provenance (after `revive bench-judge`)."""
+    lines: List[str] = []
+    levels = [level for level in summary["levels"] if level.get("replicas")]
+    if levels:
+        lines += ["", "## Replicas", "", "| concurrency | replica | node | verdict | completed / requests | "
+                  "TTFT p50 s | E2E p50 / p95 s | TPOT p50 ms | output tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+        for level in levels:
+            for label, r in level["replicas"].items():
+                lines.append(f"| {level['concurrency']} | {label} | {r['node'] or '?'} | {r['verdict']['verdict']} | "
+                             f"{r['completed']} / {r['requests']} | {_fmt(r['ttft_s']['p50'])} | "
+                             f"{_fmt(r['e2e_s']['p50'])} / {_fmt(r['e2e_s']['p95'])} | "
+                             f"{_fmt(r['tpot_s']['p50'], 1000, 1)} | {_fmt(r['output_throughput_tok_s'], 1, 1)} |")
+        flagged = [(level["concurrency"], o) for level in levels for o in level.get("outliers") or []]
+        lines += ["", "## Outliers", ""]
+        lines += [f"- {c}: **{o['replica']}** ({o['node']}) {o['metric']} {o['value']:.3f} s = {o['ratio']}x its "
+                  f"peers' median {o['peers_median']:.3f} s (margin {o['margin']:.0%})" for c, o in flagged] \
+            or ["- none"]
+    observed = [level for level in summary["levels"] if level.get("node")]
+    if observed:
+        lines += ["", "## What the nodes saw", ""]
+        for level in observed:
+            node = level["node"]
+            lines.append(f"- {level['concurrency']}: restarts {node['restarts']}, /health failures "
+                         f"{node.get('health_failures', 0)}, OOM lines {node['oom_lines']}, GPU spread "
+                         f"{_fmt(node.get('gpu_imbalance'), 1, 2)} ({node.get('gpu_imbalance_where') or '-'}); "
+                         f"replica GPU means {json.dumps(node.get('replica_gpu_util_mean') or {})}")
+    headers = (summary.get("review") or {}).get("node_headers") or {}
+    if headers:
+        lines += ["", "## Nodes", ""]
+        lines += [f"- {name}: vLLM {h.get('vllm_version')}, release {h.get('release_id')}, "
+                  f"{'simulated (lab twin), ' if h.get('simulated') else ''}GPUs from {h.get('gpu_source')}; "
+                  f"replicas {', '.join(r['name'] + ':' + str(r['port']) for r in h.get('replicas') or [])}; "
+                  f"argv `{' '.join(h.get('argv') or [])}`" for name, h in sorted(headers.items())]
+    simulation = summary.get("simulation")
+    if simulation:
+        lines += ["", "## Simulation", "", f"- {simulation.get('note') or json.dumps(simulation)}"]
+    return lines
 
 
 def write(out: str, summary: Dict[str, Any], levels: Sequence[Dict[str, Any]]) -> List[str]:
     """Write the four reports; returns their paths."""
     os.makedirs(out, exist_ok=True)
-    paths = [os.path.join(out, name) for name in ("requests.jsonl", "summary.json", "levels.csv", "report.md")]
-    with open(paths[0], "w", encoding="utf-8") as handle:
+    records = os.path.join(out, "requests.jsonl")
+    with open(records, "w", encoding="utf-8") as handle:
         for level in levels:
             for record in level["records"]:
                 handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-    with open(paths[1], "w", encoding="utf-8") as handle:
+    return [records] + write_summary(out, summary)
+
+
+def write_summary(out: str, summary: Dict[str, Any]) -> List[str]:
+    """summary.json, levels.csv and report.md (what `revive bench-judge` rewrites); returns their paths."""
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, name) for name in ("summary.json", "levels.csv", "report.md")]
+    with open(paths[0], "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
         handle.write("\n")
-    with open(paths[2], "w", encoding="utf-8", newline="") as handle:
+    with open(paths[1], "w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for level in summary["levels"]:
             writer.writerow(csv_row(level))
-    with open(paths[3], "w", encoding="utf-8") as handle:
+    with open(paths[2], "w", encoding="utf-8") as handle:
         handle.write(markdown(summary))
     return paths
 

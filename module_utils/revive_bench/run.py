@@ -1,4 +1,9 @@
-"""One bench run: probe every target, run the levels in order, judge each, and build the summary."""
+"""One bench run: probe every target, run the levels in order, judge each, and build the summary.
+
+The time scale of a simulated server (docs/bench.md "Simulated servers"): Options.time_scale None is --time-scale
+auto (the targets' /version twin.time_scale, probe.resolve_time_scale); the levels' statistics are computed with it
+(load.summarize), and summary["simulation"] says which scale, from where, and what it changes.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 from . import BENCH_VERSION
 from .client import Target, clock
 from .load import LevelConfig, Workload, run_level
-from .probe import probe
+from .probe import SCALE_FROM_SERVER, Traits, probe, resolve_time_scale
 from .prompts import order
 from .report import level_summary
 from .stats import min_completions
@@ -37,6 +42,7 @@ class Options:
     connect_timeout: float = 10.0
     confidence: float = 0.95
     node_observations: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+    time_scale: Optional[float] = None   # wall seconds per simulated second; None: auto (the servers' /version)
 
 
 def _now() -> str:
@@ -52,10 +58,29 @@ async def probe_all(options: Options) -> Dict[str, Any]:
     return traits
 
 
+def simulation(scale: float, source: Optional[str], traits: Dict[str, Traits], options: Options
+               ) -> Optional[Dict[str, Any]]:
+    """summary["simulation"]: None for a real server at real time (scale 1, nothing reported or given)."""
+    if scale == 1.0 and source is None:
+        return None
+    reported = {label: t.time_scale for label, t in traits.items()}
+    note = (f"a simulated server: one simulated second lasts {scale:g} wall seconds. TTFT, E2E, TPOT, ITL and the "
+            f"SLO are in simulated seconds (wall duration / {scale:g}), throughputs per simulated second (wall rate "
+            f"x {scale:g}); --duration, --warmup, --timeout, the dispatch lag and the times in requests.jsonl are "
+            f"wall seconds")
+    if options.rate:
+        note += f"; --rate {options.rate:g} is arrivals per wall second ({options.rate * scale:g} per simulated second)"
+    if source != SCALE_FROM_SERVER and any(value is not None and value != scale for value in reported.values()):
+        note += "; the servers report a different scale (server_time_scales), --time-scale overrides it"
+    return {"time_scale": scale, "source": source, "note": note, "server_time_scales": reported,
+            "duration_simulated_s": options.duration / scale, "warmup_simulated_s": options.warmup / scale}
+
+
 async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """{"summary": ..., "levels": [level with records], "exit_code": int}; raises ProbeError before any load."""
     started, wall_zero, zero = _now(), time.time(), clock()
     traits = await probe_all(options)
+    scale, source = resolve_time_scale(traits, options.time_scale)
     workload = Workload(
         targets=options.targets, model=options.model, prompts=options.prompt_set["prompts"],
         order=order(len(options.prompt_set["prompts"]), options.seed), api_key=options.api_key,
@@ -67,7 +92,7 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
                              max_tokens=options.max_tokens, timeout=options.timeout,
                              connect_timeout=options.connect_timeout, rate=options.rate,
                              ignore_eos=options.ignore_eos, kind=options.kind, seed=options.seed,
-                             confidence=options.confidence)
+                             confidence=options.confidence, time_scale=scale)
         level = await run_level(workload, config, progress, zero)
         node = options.node_observations.get(concurrency)
         verdict = judge(level["stats"], concurrency, options.bounds, closed_loop=not options.rate,
@@ -76,7 +101,8 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
         levels.append(level)
         summaries.append(level_summary(level, verdict.as_dict(), node))
         if progress:
-            progress({"level": concurrency, "verdict": verdict.verdict, "reasons": verdict.reasons})
+            progress({"level": concurrency, "verdict": verdict.verdict, "reasons": verdict.reasons,
+                      "time_scale": scale})
     code = exit_code([s["verdict"]["verdict"] for s in summaries])
     prompt_set = {k: v for k, v in options.prompt_set.items() if k != "prompts"}
     summary = {
@@ -86,6 +112,7 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
         "mode": f"open loop, Poisson {options.rate:g}/s (concurrency = cap)" if options.rate else "closed loop",
         "max_tokens": options.max_tokens, "ignore_eos": options.ignore_eos,
         "duration_s": options.duration, "warmup_s": options.warmup, "seed": options.seed,
+        "simulation": simulation(scale, source, traits, options),
         "slo": {"e2e_p95_s": options.bounds.slo_e2e_p95_s, "quantile": 0.95, "confidence": options.confidence,
                 "min_completions": min_completions(0.95, options.confidence)},
         "bounds": asdict(options.bounds),

@@ -51,7 +51,12 @@ def _node_rules(node: Optional[Dict[str, Any]], bounds: Bounds) -> tuple:
     if node.get("restarts") is None:
         unchecked.append("server restart: not observed")
     elif node["restarts"] > 0:
-        hard.append(f"server restart: {node['restarts']} during the level")
+        hard.append(f"server restart: {node['restarts']} during the level{_named(node.get('restarted'))}")
+    if node.get("health_failures"):
+        hard.append(f"server unhealthy: {node['health_failures']} /health sample(s) not 200 during the level"
+                    f"{_named(node.get('unhealthy'))}")
+    if node.get("counters_backwards"):
+        hard.append(f"server restart: /metrics counters went backwards ({', '.join(node['counters_backwards'])})")
     if node.get("oom_lines") is None:
         unchecked.append("out of memory: not observed")
     elif node["oom_lines"] > 0:
@@ -59,8 +64,15 @@ def _node_rules(node: Optional[Dict[str, Any]], bounds: Bounds) -> tuple:
     if node.get("gpu_imbalance") is None:
         unchecked.append("GPU balance: not observed")
     elif node["gpu_imbalance"] > bounds.max_gpu_imbalance:
-        balance.append(f"GPU balance: spread {node['gpu_imbalance']:.2f} > {bounds.max_gpu_imbalance:.2f}")
+        where = f" {node['gpu_imbalance_where']}" if node.get("gpu_imbalance_where") else ""
+        balance.append(f"GPU balance: spread {node['gpu_imbalance']:.2f}{where} > {bounds.max_gpu_imbalance:.2f}")
+    if node.get("nodes_not_observed"):
+        unchecked.append(f"nodes not observed: {', '.join(node['nodes_not_observed'])}")
     return hard, balance, unchecked
+
+
+def _named(names: Optional[Sequence[str]]) -> str:
+    return f" ({', '.join(names)})" if names else ""
 
 
 def judge(stats: Dict[str, Any], target_concurrency: int, bounds: Bounds, closed_loop: bool = True,

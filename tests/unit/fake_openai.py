@@ -37,6 +37,7 @@ class Answer:
     usage_completion: Optional[int] = None   # report this instead of the true count
     text: str = "word"
     content_type: str = "text/event-stream"
+    served_by: Optional[str] = None          # an X-Revive-Server header, as the front door adds
 
 
 def sse(obj: Any) -> bytes:
@@ -97,8 +98,9 @@ class _Handler(socketserver.BaseRequestHandler):
             self._json(sock, answer.status, answer.error_body or {"object": "error", "message": "boom",
                                                                   "type": "InternalServerError", "code": answer.status})
             return
+        served = f"X-Revive-Server: {answer.served_by}\r\n" if answer.served_by else ""
         sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: {answer.content_type}\r\nTransfer-Encoding: chunked\r\n"
-                     "Connection: close\r\n\r\n".encode())
+                     f"{served}Connection: close\r\n\r\n".encode())
         head = {"id": "chat-1" if chat else "cmpl-1", "object": "chat.completion.chunk" if chat else "text_completion"}
         time.sleep(answer.first_delay)
         if chat:

@@ -15,6 +15,7 @@ import pytest
 from fake_openai import Answer, FakeServer
 
 from ansible.module_utils.revive_bench.load import LevelConfig, summarize
+from ansible.module_utils.revive_bench.probe import TimeScaleError, Traits, resolve_time_scale
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab" / "vllm_twin"))
@@ -53,6 +54,8 @@ def twin(tmp_path_factory):
     (["--confidence", "1"], "argument --confidence: 1 must be < 1"),
     (["--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: No such file or directory"),
     (["--node-observations", "/nonexistent.json"], "--node-observations /nonexistent.json: [Errno 2]"),
+    (["--time-scale", "0"], "argument --time-scale: '0' must be > 0"),
+    (["--time-scale", "fast"], "argument --time-scale: 'fast' is not a number"),
 ])
 def test_bad_input_is_refused_naming_the_option(argv, words, tmp_path):
     done = bench("--url", "http://127.0.0.1:1", "--model", "m", "--out", str(tmp_path), *argv, timeout=30)
@@ -69,8 +72,8 @@ def test_an_unreachable_server_is_a_connection_error(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def recomputed(records, level):
-    config = LevelConfig(level["concurrency"], 0, 0, 0, 0)
+def recomputed(records, level, time_scale=1.0):
+    config = LevelConfig(level["concurrency"], 0, 0, 0, 0, time_scale=time_scale)
     return summarize([r for r in records if r["level"] == level["concurrency"]], config, *level["window"])["stats"]
 
 
@@ -78,31 +81,40 @@ def test_short_levels_against_the_twin_pass_and_recompute_from_the_raw_records(t
     out = tmp_path / "run"
     # a generous client bound: this 2-core machine also runs the twin (and maybe Molecule); the bound's own rule is
     # the next test's subject
+    # the twin runs at 0.01 (its /version says so): latencies and the SLO are simulated seconds, 100x the wall ones
     done = bench("--url", f"http://127.0.0.1:{twin.port}", "--model", MODEL, "--concurrency", "2,4", "--duration",
-                 "2", "--warmup", "0.3", "--max-tokens", "32", "--slo-e2e-p95", "2", "--min-achieved", "0.8",
+                 "2", "--warmup", "0.3", "--max-tokens", "32", "--slo-e2e-p95", "10", "--min-achieved", "0.8",
                  "--max-lag-p99-ms", "500", "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary == json.loads((out / "summary.json").read_text())
     assert summary["verdicts"] == {"2": "PASS", "4": "PASS"} and summary["recommended_concurrency"] == 4
     assert "bench: level 2 measure" in done.stderr and "bench: level 4: PASS" in done.stderr
+    assert "s (simulated s)" in done.stderr and "simulated server, time scale 0.01" in done.stderr
+    simulation = summary["simulation"]
+    assert (simulation["time_scale"], simulation["source"]) == (0.01, "server /version twin.time_scale")
+    assert "simulated seconds" in simulation["note"] and simulation["duration_simulated_s"] == pytest.approx(200)
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert {r["level"] for r in records} == {2, 4} and all(r["ok"] for r in records)
     rows = list(csv.DictReader((out / "levels.csv").open()))
     for level, row in zip(summary["levels"], rows):
-        again = recomputed(records, level)
+        again = recomputed(records, level, 0.01)
+        wall = recomputed(records, level)
         stats = level["stats"]
+        assert stats["e2e_s"]["p95"] == pytest.approx(100 * wall["e2e_s"]["p95"])   # the records keep wall times
+        assert stats["dispatch_lag_s"] == wall["dispatch_lag_s"]
         for key in ("requests", "completed", "failed", "output_tokens", "warmup_excluded", "drain_excluded"):
             assert again[key] == stats[key], key
         for metric in ("ttft_s", "e2e_s", "tpot_s", "itl_s"):
             assert again[metric]["p95"] == pytest.approx(stats[metric]["p95"]), metric
         assert again["achieved_concurrency"] == pytest.approx(stats["achieved_concurrency"])
         assert stats["completed"] >= summary["slo"]["min_completions"] == 59
-        assert stats["e2e_p95_bounds"]["upper"] <= 2 and stats["output_tokens_mean"] == 32
+        assert stats["e2e_p95_bounds"]["upper"] <= 10 and stats["output_tokens_mean"] == 32
         assert stats["usage_vs_stream"]["mismatched"] == 0
         assert float(row["e2e_p95_s"]) == pytest.approx(stats["e2e_s"]["p95"]) and row["verdict"] == "PASS"
     provenance = summary["provenance"]
     assert provenance["servers"][f"http://127.0.0.1:{twin.port}"]["version"]["simulates"] == "0.5.4"
+    assert provenance["servers"][f"http://127.0.0.1:{twin.port}"]["time_scale"] == 0.01
     assert provenance["prompts"]["count"] == 153 and len(provenance["prompts"]["sha256"]) == 64
     assert provenance["command"].startswith("revive bench --url http://127.0.0.1:")
     report = (out / "report.md").read_text()
@@ -151,3 +163,65 @@ def test_two_targets_one_without_done_and_a_key_from_the_environment(tmp_path):
     assert set(stats["per_target"]) == set(urls)
     assert sum(t["requests"] for t in stats["per_target"].values()) == stats["requests"]
     assert keys == {"Bearer s3cret"} and "s3cret" not in (tmp_path / "r" / "summary.json").read_text()
+
+
+def traits(label, scale):
+    return Traits(label, {"twin": {"time_scale": scale}} if scale else {}, ["m"], True, "last_only", False, True,
+                  0.1, 4, scale)
+
+
+def test_time_scale_auto_takes_the_servers_agreed_scale_and_an_explicit_one_wins():
+    assert resolve_time_scale({"a": traits("a", None)}) == (1.0, None)
+    both = {"a": traits("a", 0.2), "b": traits("b", 0.2)}
+    assert resolve_time_scale(both) == (0.2, "server /version twin.time_scale")
+    assert resolve_time_scale({"a": traits("a", 0.2)}, 0.5) == (0.5, "--time-scale")
+    assert resolve_time_scale({"a": traits("a", None), "b": traits("b", 0.2)}, 1.0) == (1.0, "--time-scale")
+    with pytest.raises(TimeScaleError, match=r"do not agree .*: a: 0.2, b: 0.5; "):
+        resolve_time_scale({"a": traits("a", 0.2), "b": traits("b", 0.5)})
+
+
+def test_targets_that_disagree_on_the_time_scale_are_a_usage_error_naming_them(twin, tmp_path):
+    with FakeServer(models=[MODEL], answer_for=lambda n, body: Answer(tokens=2)) as real:
+        urls = [f"http://127.0.0.1:{twin.port}", f"http://127.0.0.1:{real.port}"]
+        done = bench("--url", ",".join(urls), "--model", MODEL, "--out", str(tmp_path / "r"), timeout=30)
+        streamed = [r for r in real.requests if r["path"].endswith("completions")]
+    assert len(streamed) == 1       # the probe's request: no load before the scale is settled
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert (f"--time-scale auto: the targets do not agree on their simulated time scale (/version twin.time_scale): "
+            f"{urls[0]}: 0.01, {urls[1]}: none (not simulated)") in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_explicit_time_scale_of_a_quarter_reports_four_times_the_wall_latencies(tmp_path):
+    """A server that says nothing of a time scale, benched with --time-scale 0.25: every latency in the summary is 4x
+    the wall one recomputed from requests.jsonl, throughput a quarter, the dispatch lag unscaled."""
+    answer = lambda n, body: Answer(tokens=4, token_delay=0.01)  # noqa: E731
+    with FakeServer(answer_for=answer) as fake:
+        done = bench("--url", f"http://127.0.0.1:{fake.port}", "--model", "tiny", "--concurrency", "2", "--duration",
+                     "1", "--warmup", "0.1", "--max-tokens", "4", "--slo-e2e-p95", "30", "--time-scale", "0.25",
+                     "--max-lag-p99-ms", "500", "--min-achieved", "0.5", "--out", str(tmp_path / "r"))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["simulation"]["time_scale"] == 0.25 and summary["simulation"]["source"] == "--time-scale"
+    assert summary["simulation"]["server_time_scales"] == {f"http://127.0.0.1:{fake.port}": None}
+    assert "(simulated s)" in done.stderr
+    records = [json.loads(line) for line in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
+    level = summary["levels"][0]
+    wall, stats = recomputed(records, level), level["stats"]
+    again = recomputed(records, level, 0.25)
+    assert stats["e2e_s"]["p95"] == pytest.approx(again["e2e_s"]["p95"]) and stats["time_scale"] == 0.25
+    for metric in ("ttft_s", "e2e_s", "tpot_s", "itl_s"):
+        for key in ("p50", "p95", "max"):
+            assert stats[metric][key] == pytest.approx(4 * wall[metric][key]), (metric, key)
+    assert stats["e2e_s"]["p50"] >= 4 * 0.03
+    assert stats["output_throughput_tok_s"] == pytest.approx(wall["output_throughput_tok_s"] / 4)
+    assert stats["dispatch_lag_s"] == wall["dispatch_lag_s"]
+    assert stats["achieved_concurrency"] == pytest.approx(wall["achieved_concurrency"])
+
+
+def test_a_real_server_at_real_time_has_no_simulation(tmp_path):
+    with FakeServer(answer_for=lambda n, body: Answer(tokens=2)) as fake:
+        done = bench("--url", f"http://127.0.0.1:{fake.port}", "--model", "tiny", "--concurrency", "1", "--duration",
+                     "0.3", "--warmup", "0", "--max-tokens", "2", "--out", str(tmp_path / "r"), "--json")
+    summary = json.loads(done.stdout)
+    assert summary["simulation"] is None and summary["levels"][0]["stats"]["time_scale"] == 1.0
+    assert "simulated" not in done.stderr

@@ -38,6 +38,13 @@ def test_a_good_stream_keeps_every_event_time_and_the_usage():
     assert headers["authorization"] == "Bearer k" and fake.requests[-1]["path"] == "/v1/completions"
 
 
+def test_the_replica_the_front_door_names_is_recorded():
+    with FakeServer(answer_for=lambda n, body: Answer(tokens=2, served_by="node2-vllm-1")) as fake:
+        assert send(fake.port).served_by == "node2-vllm-1"
+    with FakeServer(answer_for=lambda n, body: Answer(tokens=2)) as fake:
+        assert send(fake.port).served_by is None
+
+
 def test_no_done_fails_only_where_the_server_was_seen_sending_it():
     with FakeServer(answer_for=lambda n, body: Answer(tokens=3, send_done=False)) as fake:
         strict, lenient = send(fake.port, expect_done=True), send(fake.port, expect_done=False)

@@ -9,7 +9,7 @@ import pytest
 from fake_openai import Answer, FakeServer
 
 from ansible.module_utils.revive_bench.client import Target
-from ansible.module_utils.revive_bench.load import LevelConfig, Workload, run_level
+from ansible.module_utils.revive_bench.load import LevelConfig, Workload, run_level, summarize
 from ansible.module_utils.revive_bench.prompts import Prompt, order
 
 
@@ -69,3 +69,44 @@ def test_a_seeded_open_loop_is_reproducible():
     assert scheduled[0] == pytest.approx(scheduled[1], abs=2e-6) and 5 <= len(scheduled[0]) <= 45
     lag = [r["sent"] - r["scheduled"] for r in runs[0]["records"]]
     assert min(lag) >= 0
+
+
+def test_summarize_at_a_time_scale_scales_latencies_and_throughput_not_the_client_or_the_records():
+    """Hand-built records at scale 0.25: latencies 4x the wall ones, throughput per simulated second (wall rate x
+    0.25), but the dispatch lag (the client's own) stays wall time, achieved concurrency is a ratio, and the records
+    are not rewritten."""
+    def rec(sent, first, last, ended, lag=0.002, target="t"):
+        return {"index": 0, "level": 2, "target": target, "scheduled": sent - lag, "sent": sent, "ended": ended,
+                "events": [[first, 1], [last, 1]], "ok": True, "max_tokens": 2, "ignore_eos": False,
+                "usage": {"completion_tokens": 2}, "error": None}
+    records = [rec(1.0, 1.5, 2.0, 2.01), rec(1.2, 1.3, 1.7, 1.71, lag=0.010), rec(2.1, 2.4, 2.9, 2.95)]
+    before = [dict(r, events=[list(e) for e in r["events"]]) for r in records]
+    wall = summarize(records, LevelConfig(2, 2.0, 1.0, 2, 5.0), 1.0, 3.0)["stats"]
+    result = summarize(records, LevelConfig(2, 2.0, 1.0, 2, 5.0, time_scale=0.25), 1.0, 3.0)
+    stats = result["stats"]
+    assert records == before and result["records"] == before and result["window"] == [1.0, 3.0]
+    assert stats["time_scale"] == 0.25 and wall["time_scale"] == 1.0
+    assert stats["ttft_s"]["max"] == pytest.approx(4 * 0.5) and stats["ttft_s"]["p50"] == pytest.approx(4 * 0.3)
+    assert stats["e2e_s"]["max"] == pytest.approx(4 * 1.0) and stats["e2e_s"]["mean"] == pytest.approx(4 * 2.3 / 3)
+    assert stats["tpot_s"]["mean"] == pytest.approx(4 * wall["tpot_s"]["mean"])
+    assert stats["itl_s"]["p95"] == pytest.approx(4 * wall["itl_s"]["p95"])
+    # 6 tokens in a 2 s wall window = 3 tok/s wall = 0.75 tok/s per simulated second (the window is 8 simulated s)
+    assert wall["output_throughput_tok_s"] == pytest.approx(3.0)
+    assert stats["output_throughput_tok_s"] == pytest.approx(0.75)
+    assert stats["requests_per_s"] == pytest.approx(wall["requests_per_s"] * 0.25)
+    assert stats["dispatch_lag_s"] == wall["dispatch_lag_s"] and stats["dispatch_lag_s"]["max"] == pytest.approx(0.010)
+    assert stats["achieved_concurrency"] == pytest.approx(wall["achieved_concurrency"])
+    assert stats["per_target"]["t"]["e2e_s"]["max"] == pytest.approx(4.0)
+
+
+def test_a_level_at_a_time_scale_reports_progress_in_simulated_seconds():
+    events = []
+    with FakeServer(answer_for=slow) as fake:
+        result = asyncio.run(run_level(workload([fake.port]), LevelConfig(2, 1.1, 0.1, 8, 5.0, time_scale=0.5),
+                                       events.append))
+    e2e_wall = [r["events"][-1][0] - r["sent"] for r in result["records"] if r["ok"]]
+    assert min(e2e_wall) >= 0.08                                     # 5 tokens 20 ms apart, wall
+    assert result["stats"]["e2e_s"]["max"] >= 2 * 0.08
+    measuring = [e for e in events if e["e2e_p95_s"] is not None]
+    assert measuring and all(e["time_scale"] == 0.5 for e in events)
+    assert min(e["e2e_p95_s"] for e in measuring) >= 2 * 0.08

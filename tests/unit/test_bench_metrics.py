@@ -74,3 +74,28 @@ def test_window_rules_and_the_time_weighted_in_flight_count():
     assert load.measured(records, 1.0, 3.0) == [inside]
     # busy time in [1, 3]: 1.0 + 1.5 + 1.0 = 3.5 over 2 s
     assert load.in_flight_average(records, 1.0, 3.0) == pytest.approx(1.75)
+
+
+def test_at_a_time_scale_of_a_quarter_every_latency_is_four_times_the_wall_one():
+    """A simulated server whose simulated second lasts 0.25 wall seconds (the twin's VLLM_SIM_TIME_SCALE=0.25):
+    the record's wall durations, TTFT 0.5, E2E 1.5, gaps 0.2/0.3/0.5, are 2, 6 and 0.8/1.2/2 simulated seconds."""
+    m = metrics.request_metrics(record(), time_scale=0.25)
+    assert m.ttft == pytest.approx(2.0) and m.e2e == pytest.approx(6.0)
+    assert m.tpot == pytest.approx((6.0 - 2.0) / 3)
+    assert m.itl == pytest.approx([0.8, 1.2, 2.0])
+    assert (m.output_tokens, m.stream_tokens, m.early_eos) == (4, 4, False)
+
+
+def test_at_a_time_scale_throughput_is_per_simulated_second():
+    """8 tokens and 2 completions in a 4 s wall window: 2 tok/s and 0.5 req/s of wall time; at scale 0.25 the
+    window is 16 simulated seconds: 0.5 tok/s and 0.125 req/s; the bounds are the scaled order statistics (with 2
+    completions only the lower one exists: X_(1), E2E 1.5 s wall = 6 simulated s)."""
+    records = [record(), record(sent=20.0, events=((23.0, 1), (24.0, 1)), usage=2)]
+    wall = metrics.aggregate(records, 4.0, 8)
+    simulated = metrics.aggregate(records, 4.0, 8, time_scale=0.25)
+    assert (wall["output_throughput_tok_s"], wall["requests_per_s"]) == pytest.approx((2.0, 0.5))
+    assert (simulated["output_throughput_tok_s"], simulated["requests_per_s"]) == pytest.approx((0.5, 0.125))
+    assert simulated["e2e_s"]["max"] == pytest.approx(16.0) and simulated["ttft_s"]["p50"] == pytest.approx(7.0)
+    assert simulated["e2e_p95_bounds"]["lower"] == pytest.approx(4 * wall["e2e_p95_bounds"]["lower"]) == 6.0
+    for key in ("requests", "completed", "failed", "output_tokens", "usage_vs_stream", "early_eos"):
+        assert simulated[key] == wall[key], key
