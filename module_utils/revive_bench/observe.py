@@ -91,7 +91,7 @@ def replica_events(samples: List[Dict[str, Any]], replica: str) -> Dict[str, Any
     for a, b in zip(states, states[1:]):
         before, after = a.get("counters") or {}, b.get("counters") or {}
         backwards += [name for name, value in after.items() if name in before and value < before[name]]
-    return {"restarts": None if nrestarts is None and not samples else max(nrestarts or 0, pid_changes),
+    return {"restarts": max(nrestarts or 0, pid_changes),
             "nrestarts_delta": nrestarts, "pid_changes": pid_changes,
             "health_failures": sum(1 for h in health if h != 200), "health_samples": len(health),
             "counters_backwards": sorted(set(backwards))}
