@@ -1,6 +1,7 @@
-"""Filters of the hand-over, the roll, the rollback and the bench: thin wiring over module_utils/revive_handover.py,
-module_utils/revive_record/journal.py and module_utils/revive_bench/invocation.py, where the decisions live and are
-unit-tested (tests/unit/test_handover.py, test_bench_invocation.py).
+"""Filters of the hand-over, the roll, the rollback, the front door and the bench: thin wiring over
+module_utils/revive_handover.py, module_utils/revive_record/journal.py, module_utils/revive_frontdoor.py and
+module_utils/revive_bench/invocation.py, where the decisions live and are unit-tested (tests/unit/test_handover.py,
+test_frontdoor_servers.py, test_bench_invocation.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -26,7 +27,8 @@ from ansible.module_utils.revive_handover import (  # noqa: E402
     roll_summary,
     served_model_name,
 )
-from ansible.module_utils.revive_bench.invocation import bench_argv, bench_outcome  # noqa: E402
+from ansible.module_utils.revive_bench.invocation import bench_argv, bench_limit_fact, bench_outcome  # noqa: E402
+from ansible.module_utils.revive_frontdoor import frontdoor_servers  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
 
 
@@ -36,7 +38,9 @@ class FilterModule:
     def filters(self):
         return {
             "bench_argv": bench_argv,
+            "bench_limit_fact": bench_limit_fact,
             "bench_outcome": bench_outcome,
+            "frontdoor_servers": frontdoor_servers,
             "failure_message": failure_message,
             "handover_state": handover_state,
             "handover_result": handover_result,

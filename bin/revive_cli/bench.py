@@ -2,14 +2,17 @@
 
     revive bench --url URL[,URL...] --model NAME [--concurrency 8,16,32,64] [--duration S] [--warmup S]
                  [--max-tokens 200] [--slo-e2e-p95 12] --out DIR [--json] [--api-key KEY] [--chat] [--ignore-eos]
-                 [--rate R] [--prompts FILE] [--seed N] [--timeout S] [--time-scale auto|X]
+                 [--rate R] [--prompts FILE] [--seed N] [--timeout S] [--time-scale auto|X] [--exclude-queue]
 
 Each level is a closed loop of N requests in flight (or, with --rate, Poisson arrivals with N as the cap),
 `--warmup` seconds not measured, then `--duration` seconds measured; requests still in flight at the end are
 waited for but not measured. Every level gets a verdict (PASS / FAIL / INCONCLUSIVE / INVALID, docs/bench.md);
---out gets requests.jsonl, summary.json, levels.csv and report.md. Progress goes to stderr.
+--out gets requests.jsonl, summary.json, levels.csv and report.md. Progress goes to stderr: a live table (rich) on a
+terminal, plain lines elsewhere.
 Against a simulated server (the lab twin: /version reports twin.time_scale, or --time-scale X), latencies, the SLO
 and throughputs are in simulated seconds (wall / X); --duration, --warmup and --timeout stay wall seconds.
+Through a front door that limits each server and reports the wait (X-Revive-Queue-Ms), the queue time is shown
+apart; --exclude-queue judges the servers' latency (after the queue) instead of the client's.
 Exit status: 0 every level PASS, 1 some level FAIL, 2 usage or connection error, 3 inconclusive or invalid
 (and nothing failed).
 """
@@ -118,6 +121,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--max-error-rate", type=_share, default=0.01, help="FAIL above it (default 0.01)")
     parser.add_argument("--max-early-eos", type=_share, default=0.05,
                         help="with --ignore-eos, INVALID above this share of short answers (default 0.05)")
+    parser.add_argument("--exclude-queue", action="store_true",
+                        help="latencies and the SLO from leaving the front door's queue (its X-Revive-Queue-Ms "
+                             "header); the wait is reported apart either way")
     parser.add_argument("--node-observations", help="JSON file {concurrency: {restarts, oom_lines, gpu_imbalance}}")
     args = parser.parse_args(argv)
     if len(set(args.concurrency)) != len(args.concurrency):
@@ -138,6 +144,63 @@ def progress_line(event: Dict[str, Any]) -> None:
     print(f"bench: level {event['level']} {event['phase']} {event['elapsed_s']:6.1f} s  completions "
           f"{event['completions']}  in flight {event['in_flight']}  P95 E2E "
           f"{'-' if p95 is None else f'{p95:.3f}{unit}'}  errors {event['errors']}", file=sys.stderr)
+
+
+class LiveProgress:
+    """Live progress on a terminal with rich (the controller's venv has it, requirements.txt): one table row per
+    level - phase, elapsed, completions, in flight, current P95 E2E, errors, then its verdict - redrawn in place.
+    `revive bench` uses it only when stderr is a terminal and rich imports; elsewhere (the bench host, CI logs)
+    progress_line prints plain lines."""
+
+    def __init__(self, console: Any):
+        from rich.live import Live
+        self.rows: Dict[int, Dict[str, Any]] = {}
+        self.console = console
+        self.live = Live(self.table(), console=console, refresh_per_second=4, transient=False)
+
+    def table(self) -> Any:
+        from rich.table import Table
+        table = Table(title="revive bench", expand=False)
+        for column in ("level", "phase", "elapsed s", "completions", "in flight", "P95 E2E s", "errors", "verdict"):
+            table.add_column(column, justify="right" if column not in ("phase", "verdict") else "left")
+        for level, row in self.rows.items():
+            p95 = row.get("e2e_p95_s")
+            table.add_row(str(level), row.get("phase", ""), f"{row.get('elapsed_s', 0.0):.1f}",
+                          str(row.get("completions", "")), str(row.get("in_flight", "")),
+                          "-" if p95 is None else f"{p95:.3f}{' (sim.)' if row.get('simulated') else ''}",
+                          str(row.get("errors", "")), row.get("verdict", ""))
+        return table
+
+    def __call__(self, event: Dict[str, Any]) -> None:
+        row = self.rows.setdefault(event["level"], {})
+        row["simulated"] = event.get("time_scale", 1.0) != 1.0
+        if "verdict" in event:
+            row.update(phase="done", verdict=event["verdict"])
+            self.console.print(f"level {event['level']}: {event['verdict']}: {'; '.join(event['reasons'])}",
+                               highlight=False, markup=False)
+        else:
+            row.update({key: event[key] for key in ("phase", "elapsed_s", "completions", "in_flight", "e2e_p95_s",
+                                                    "errors")})
+        self.live.update(self.table())
+
+    def __enter__(self) -> "LiveProgress":
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.stop()
+
+
+def progress_reporter(stream: Any = None) -> Any:
+    """LiveProgress on a terminal when rich is there, else None (then progress_line)."""
+    stream = stream if stream is not None else sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return LiveProgress(Console(file=stream))
 
 
 def _observations(path: str) -> Dict[int, Dict[str, Any]]:
@@ -182,9 +245,15 @@ def main(argv: List[str]) -> int:
                       max_early_eos_share=args.max_early_eos),
         kind="chat" if args.chat else "completions", api_key=args.api_key, ignore_eos=args.ignore_eos,
         rate=args.rate, seed=args.seed, timeout=args.timeout, connect_timeout=args.connect_timeout,
-        confidence=args.confidence, node_observations=observations, time_scale=args.time_scale)
+        confidence=args.confidence, node_observations=observations, time_scale=args.time_scale,
+        exclude_queue=args.exclude_queue)
+    live = progress_reporter()
     try:
-        result = run_sync(options, progress_line)
+        if live is None:
+            result = run_sync(options, progress_line)
+        else:
+            with live:
+                result = run_sync(options, live)
     except TimeScaleError as exc:
         print(f"revive bench: {exc}", file=sys.stderr)
         return 2

@@ -71,6 +71,9 @@ def parse_url(url: str) -> Target:
 # The header the front door names the answering server in (roles/frontdoor `frontdoor_served_by_header`'s default):
 # review.py attributes each request to its replica by it.
 SERVED_BY_HEADER = "x-revive-server"
+# The header the front door reports the request's wait for a free server slot in, in milliseconds (HAProxy's %Tw;
+# roles/frontdoor `frontdoor_queue_time_header`): metrics.py can judge the servers' latency without that wait.
+QUEUE_TIME_HEADER = "x-revive-queue-ms"
 
 
 @dataclass
@@ -99,9 +102,20 @@ class RequestRecord:
     error: Optional[str] = None
     ok: bool = False
     served_by: Optional[str] = None   # the front door's X-Revive-Server: which replica answered (fleet mode)
+    queued_s: Optional[float] = None  # the front door's X-Revive-Queue-Ms / 1000: wall seconds it waited there
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+
+def queue_seconds(value: Optional[str]) -> Optional[float]:
+    """The front door's queue time header in seconds; None when absent or not a count of milliseconds (HAProxy
+    logs -1 for a request that never reached a server, which then has no response from one either)."""
+    try:
+        millis = int(value) if value is not None else -1
+    except ValueError:
+        return None
+    return millis / 1000.0 if millis >= 0 else None
 
 
 def build_request(target: Target, kind: str, body: Dict[str, Any], api_key: str = "") -> bytes:
@@ -336,6 +350,7 @@ async def stream_request(target: Target, kind: str, payload: bytes, record: Requ
             record.status, headers = await _read_head(reader)
             record.first_byte = clock()
             record.served_by = headers.get(SERVED_BY_HEADER)
+            record.queued_s = queue_seconds(headers.get(QUEUE_TIME_HEADER))
             if record.status != 200:
                 data = b""
                 async for piece in body_pieces(reader, headers):

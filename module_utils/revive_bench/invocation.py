@@ -4,6 +4,10 @@
   (the message names the variable and says what it must be): a bad value stops the play before a sampler starts.
   The API key is never in it: the bench reads `$REVIVE_API_KEY` (argv is world-readable in /proc).
 - `bench_outcome(judge_rc, summary, fail_on_inconclusive)`: whether the run failed and the message the play prints.
+- `bench_limit_fact(summary, node, run)`: what `benchmark_apply` writes onto a benchmarked node (the local fact
+  `revive_frontdoor`, /etc/ansible/facts.d/revive_frontdoor.fact): the recommended per-replica limit for each of
+  its replicas with the argv and vLLM version it was measured on; the front door's servers take it
+  (module_utils/revive_frontdoor.py) while the node's planned replica still runs that argv.
 """
 from __future__ import annotations
 
@@ -77,3 +81,38 @@ def bench_outcome(judge_rc: int, summary: Dict[str, Any], fail_on_inconclusive: 
                   "front door)" if per_replica else ""))
     return {"failed": failed, "message": message, "recommended_concurrency": recommended,
             "recommended_per_replica": per_replica}
+
+
+def bench_limit_fact(summary: Mapping[str, Any], node: str, run: str) -> Dict[str, Any]:
+    """{"apply": bool, "fact": {...}, "message": str} for one benchmarked node: apply only with a recommended
+    concurrency whose level the node's replicas served and passed (a FAIL at a higher level is what finds the
+    limit; without any passing level there is nothing to apply) and a release header from the node's sampler."""
+    per_replica = summary.get("recommended_per_replica")
+    recommended = summary.get("recommended_concurrency")
+    header = ((summary.get("review") or {}).get("node_headers") or {}).get(node)
+    if not per_replica or not recommended:
+        return {"apply": False, "fact": {}, "message": f"{node}: nothing applied - no level passed, so the bench "
+                                                       "recommends no concurrency"}
+    if not header or not header.get("replicas"):
+        return {"apply": False, "fact": {}, "message": f"{node}: nothing applied - the node was not sampled, so "
+                                                       "the bench does not know which release it measured there"}
+    level = next(lv for lv in summary["levels"] if lv["concurrency"] == recommended)
+    served = {r.get("node") for r in (level.get("replicas") or {}).values()}
+    if node not in served:
+        return {"apply": False, "fact": {}, "message": f"{node}: nothing applied - none of its replicas served the "
+                                                       f"recommended level {recommended}"}
+    verdict = ((level.get("nodes") or {}).get(node) or {}).get("verdict")
+    if verdict in ("FAIL", "INVALID"):
+        # INCONCLUSIVE alone does not block: a replica's share of a passing level may be too few completions for
+        # its own bound; the level as a whole had them
+        return {"apply": False, "fact": {}, "message": f"{node}: nothing applied - its own verdict at the "
+                                                       f"recommended level {recommended} is {verdict}"}
+    replicas = {r["name"]: {"maxconn": int(per_replica), "argv": list(r.get("argv") or []),
+                            "vllm_version": header.get("vllm_version"), "port": r.get("port")}
+                for r in header["replicas"]}
+    fact = {"bench": run, "recommended_concurrency": recommended, "release_id": header.get("release_id"),
+            "replicas": replicas}
+    return {"apply": True, "fact": fact,
+            "message": f"{node}: maxconn {per_replica} for {', '.join(sorted(replicas))} (the level {recommended} "
+                       f"of {run} shared by the replicas that served it); the front door takes it at its next "
+                       "converge (site.yml or playbooks/rolling.yml reload HAProxy, the servers' states kept)"}

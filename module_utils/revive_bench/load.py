@@ -49,6 +49,7 @@ class LevelConfig:
     slo_quantile: float = 0.95
     confidence: float = 0.95
     time_scale: float = 1.0               # wall seconds per simulated second of the server (1.0: a real server)
+    exclude_queue: bool = False           # latencies after the front door's queue (metrics.py)
 
 
 @dataclass
@@ -145,7 +146,8 @@ async def run_level(workload: Workload, config: LevelConfig,
             await asyncio.sleep(PROGRESS_EVERY_S)
             now = clock()
             done = [r for r in records if r.ended is not None and r.sent >= window_start]
-            ok = [(r.events[-1][0] - r.sent) / config.time_scale for r in done if r.ok]
+            ok = [(r.events[-1][0] - r.sent - ((r.queued_s or 0.0) if config.exclude_queue else 0.0))
+                  / config.time_scale for r in done if r.ok and r.events]
             progress({"level": config.concurrency, "elapsed_s": now - start,
                       "phase": "warm-up" if now < window_start else ("measure" if now < window_end else "drain"),
                       "completions": len(ok), "errors": len(done) - len(ok),
@@ -176,7 +178,7 @@ def summarize(dicts: List[Dict[str, Any]], config: LevelConfig, window_start: fl
     window = window_end - window_start
     scale = config.time_scale
     stats = aggregate(inside, window, tokens_between(dicts, window_start, window_end), config.slo_quantile,
-                      config.confidence, scale)
+                      config.confidence, scale, config.exclude_queue)
     stats["time_scale"] = scale
     lags = [r["sent"] - r["scheduled"] for r in dicts if window_start <= r["sent"] <= window_end]
     stats["dispatch_lag_s"] = {"p50": percentile(lags, 50), "p99": percentile(lags, 99),
@@ -189,7 +191,8 @@ def summarize(dicts: List[Dict[str, Any]], config: LevelConfig, window_start: fl
     for label in sorted({r["target"] for r in dicts}):
         mine = [r for r in inside if r["target"] == label]
         part = aggregate(mine, window, tokens_between([r for r in dicts if r["target"] == label], window_start,
-                                                      window_end), config.slo_quantile, config.confidence, scale)
+                                                      window_end), config.slo_quantile, config.confidence, scale,
+                      config.exclude_queue)
         per_target[label] = {key: part[key] for key in ("requests", "completed", "failed", "error_rate",
                                                         "ttft_s", "e2e_s", "output_throughput_tok_s")}
     stats["per_target"] = per_target

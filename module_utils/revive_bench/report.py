@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence
 CSV_COLUMNS = ("concurrency", "verdict", "requests", "completed", "failed", "error_rate", "ttft_p50_s", "ttft_p95_s",
                "e2e_p50_s", "e2e_p95_s", "e2e_p95_lower_s", "e2e_p95_upper_s", "tpot_p50_s", "itl_p95_s",
                "output_throughput_tok_s", "requests_per_s", "achieved_concurrency", "dispatch_lag_p99_s",
-               "output_tokens_mean", "early_eos", "warmup_excluded", "drain_excluded")
+               "output_tokens_mean", "early_eos", "warmup_excluded", "drain_excluded", "queue_p50_s", "queue_p95_s",
+               "queue_reported")
 NO_PLOTS = ("No plots yet: `revive bench` writes none on the bench host (standard library only); `revive "
             "bench-judge DIR` renders them on the controller (playbooks/benchmark.yml runs it).")
 
@@ -31,6 +32,8 @@ def csv_row(level: Dict[str, Any]) -> Dict[str, Any]:
         "requests_per_s": s["requests_per_s"], "achieved_concurrency": s["achieved_concurrency"],
         "dispatch_lag_p99_s": s["dispatch_lag_s"]["p99"], "output_tokens_mean": s["output_tokens_mean"],
         "early_eos": s["early_eos"], "warmup_excluded": s["warmup_excluded"], "drain_excluded": s["drain_excluded"],
+        "queue_p50_s": (s.get("queue_s") or {}).get("p50"), "queue_p95_s": (s.get("queue_s") or {}).get("p95"),
+        "queue_reported": s.get("queue_reported", 0),
     }
 
 
@@ -47,6 +50,7 @@ def markdown(summary: Dict[str, Any]) -> str:
              f"SLO: P95 E2E <= {summary['slo']['e2e_p95_s']:g} s at {summary['slo']['confidence']:.0%} confidence "
              f"(one-sided order-statistic bound; a level needs >= {summary['slo']['min_completions']} completions). "
              f"Recommended concurrency: **{summary['recommended_concurrency'] or 'none'}**.", "",
+             f"Latencies: {summary.get('latency_basis') or 'as the client saw them'}.", "",
              "| concurrency | verdict | completed / requests | TTFT p50 / p95 s | E2E p50 / p95 s | E2E p95 bounds s "
              "| TPOT p50 ms | output tok/s | achieved conc. | lag p99 ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -58,6 +62,13 @@ def markdown(summary: Dict[str, Any]) -> str:
             f"{_fmt(s['e2e_s']['p95'])} | {_fmt(b['lower'])} .. {_fmt(b['upper'])} | "
             f"{_fmt(s['tpot_s']['p50'], 1000, 1)} | {_fmt(s['output_throughput_tok_s'], 1, 1)} | "
             f"{_fmt(s['achieved_concurrency'], 1, 2)} | {_fmt(s['dispatch_lag_s']['p99'], 1000, 2)} |")
+    queued = [level for level in summary["levels"] if level["stats"].get("queue_reported")]
+    if queued:
+        lines += ["", "## Front-door queue", "", "| concurrency | requests with a wait reported | queue p50 / p95 / max s |",
+                  "|---|---|---|"]
+        lines += [f"| {level['concurrency']} | {level['stats']['queue_reported']} | "
+                  f"{_fmt(level['stats']['queue_s']['p50'])} / {_fmt(level['stats']['queue_s']['p95'])} / "
+                  f"{_fmt(level['stats']['queue_s']['max'])} |" for level in queued]
     lines += ["", "## Verdicts", ""]
     for level in summary["levels"]:
         verdict = level["verdict"]

@@ -97,7 +97,8 @@ def per_replica(level: Dict[str, Any], records: List[Dict[str, Any]], summary: D
     for label, mine in sorted(mine_all.items()):
         stats = aggregate(measured(mine, start, end), end - start, tokens_between(mine, start, end),
                           summary["slo"]["quantile"], summary["slo"]["confidence"],
-                          time_scale=level["stats"].get("time_scale", 1.0))
+                          time_scale=level["stats"].get("time_scale", 1.0),
+                          exclude_queue=bool(summary.get("exclude_queue")))
         stats["dispatch_lag_s"] = level["stats"]["dispatch_lag_s"]
         stats["achieved_concurrency"] = None
         node, name = _replica_of(label, nodes)

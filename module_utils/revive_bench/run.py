@@ -43,6 +43,7 @@ class Options:
     confidence: float = 0.95
     node_observations: Dict[int, Dict[str, Any]] = field(default_factory=dict)
     time_scale: Optional[float] = None   # wall seconds per simulated second; None: auto (the servers' /version)
+    exclude_queue: bool = False          # judge latencies after the front door's queue (metrics.py)
 
 
 def _now() -> str:
@@ -76,6 +77,20 @@ def simulation(scale: float, source: Optional[str], traits: Dict[str, Traits], o
             "duration_simulated_s": options.duration / scale, "warmup_simulated_s": options.warmup / scale}
 
 
+def latency_basis(exclude_queue: bool, levels: List[Dict[str, Any]]) -> str:
+    """What the latencies and the SLO verdict measure, in words for the report."""
+    reported = sum(level["stats"]["queue_reported"] for level in levels)
+    if not exclude_queue:
+        return ("as the client saw them: from sending to the last token, any wait at the front door included"
+                + (f" (queue time reported by the front door for {reported} requests, shown apart)" if reported
+                   else ""))
+    if not reported:
+        return ("--exclude-queue, but no target reported a queue time (header X-Revive-Queue-Ms, the front door's "
+                "frontdoor_queue_time_header): the latencies are the client's, wait included")
+    return (f"the servers': from leaving the front door's queue to the last token (--exclude-queue; {reported} "
+            f"requests reported their wait, shown apart as queue time); a client saw wait + latency")
+
+
 async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """{"summary": ..., "levels": [level with records], "exit_code": int}; raises ProbeError before any load."""
     started, wall_zero, zero = _now(), time.time(), clock()
@@ -92,7 +107,8 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
                              max_tokens=options.max_tokens, timeout=options.timeout,
                              connect_timeout=options.connect_timeout, rate=options.rate,
                              ignore_eos=options.ignore_eos, kind=options.kind, seed=options.seed,
-                             confidence=options.confidence, time_scale=scale)
+                             confidence=options.confidence, time_scale=scale,
+                             exclude_queue=options.exclude_queue)
         level = await run_level(workload, config, progress, zero)
         node = options.node_observations.get(concurrency)
         verdict = judge(level["stats"], concurrency, options.bounds, closed_loop=not options.rate,
@@ -113,6 +129,8 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
         "max_tokens": options.max_tokens, "ignore_eos": options.ignore_eos,
         "duration_s": options.duration, "warmup_s": options.warmup, "seed": options.seed,
         "simulation": simulation(scale, source, traits, options),
+        "exclude_queue": options.exclude_queue,
+        "latency_basis": latency_basis(options.exclude_queue, levels),
         "slo": {"e2e_p95_s": options.bounds.slo_e2e_p95_s, "quantile": 0.95, "confidence": options.confidence,
                 "min_completions": min_completions(0.95, options.confidence)},
         "bounds": asdict(options.bounds),

@@ -59,7 +59,8 @@ def load_replicas(record_path: str) -> Dict[str, Any]:
     for replica in current["replicas"]:
         replicas.append({"name": replica["name"], "unit": replica["unit"], "port": int(replica["port"]),
                          "gpus": [str(g) for g in replica.get("gpus") or []],
-                         "tensor_parallel_size": replica.get("tensor_parallel_size")})
+                         "tensor_parallel_size": replica.get("tensor_parallel_size"),
+                         "argv": [str(word) for word in replica.get("argv") or []]})
     return {"release_id": current.get("id"), "vllm_version": current.get("vllm_version"),
             "simulated": bool(current.get("simulated")), "argv": current.get("args"),
             "model": current.get("model"), "replicas": replicas}

@@ -225,3 +225,26 @@ def test_a_real_server_at_real_time_has_no_simulation(tmp_path):
     summary = json.loads(done.stdout)
     assert summary["simulation"] is None and summary["levels"][0]["stats"]["time_scale"] == 1.0
     assert "simulated" not in done.stderr
+
+
+def test_live_progress_on_a_terminal_and_plain_lines_elsewhere():
+    import io
+
+    from rich.console import Console
+
+    from revive_cli import bench as bench_cli
+
+    class NotATerminal(io.StringIO):
+        def isatty(self):
+            return False
+
+    assert bench_cli.progress_reporter(NotATerminal()) is None
+    out = io.StringIO()
+    live = bench_cli.LiveProgress(Console(file=out, force_terminal=True, width=120))
+    with live:
+        live({"level": 32, "phase": "measure", "elapsed_s": 12.5, "completions": 118, "in_flight": 32,
+              "e2e_p95_s": 7.512, "errors": 1, "time_scale": 0.2})
+        live({"level": 32, "verdict": "PASS", "reasons": ["P95 E2E within the SLO"], "time_scale": 0.2})
+    text = __import__("re").sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    for words in ("revive bench", "118", "7.512 (sim.)", "level 32: PASS: P95 E2E within the SLO", "done"):
+        assert words in text, (words, text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible.module_utils.revive_bench.invocation import InvocationError, bench_argv, bench_outcome
+from ansible.module_utils.revive_bench.invocation import InvocationError, bench_argv, bench_limit_fact, bench_outcome
 
 GOOD = {"model": "tiny-chat", "url": "http://10.0.0.4:80", "concurrency": [8, 16], "duration_s": 60,
         "warmup_s": 0, "max_tokens": 200, "slo_e2e_p95_s": 12.0, "request_timeout_s": 120, "extra_args": [],
@@ -67,3 +67,38 @@ def test_the_outcome_names_the_front_doors_per_replica_limit_when_the_judge_foun
     assert outcome["message"].endswith("recommended concurrency 8 (4 per replica: frontdoor_server_maxconn: 4 "
                                        "queues the rest at the front door)")
     assert outcome["recommended_per_replica"] == 4
+
+
+def judged(recommended=32, per_replica=16, node_verdict="PASS", served=("node1",), header=True):
+    level = {"concurrency": 32, "verdict": {"verdict": "PASS", "reasons": []},
+             "replicas": {f"{n}-vllm-{i}": {"node": n} for n in served for i in (0, 1)},
+             "nodes": {n: {"verdict": node_verdict} for n in served}}
+    headers = {"node1": {"vllm_version": "0.5.4", "release_id": "abc123def456",
+                         "replicas": [{"name": "vllm-0", "port": 8000, "argv": ["py", "--port", "8000"]},
+                                      {"name": "vllm-1", "port": 8001, "argv": ["py", "--port", "8001"]}]}}
+    return {"levels": [level], "recommended_concurrency": recommended, "recommended_per_replica": per_replica,
+            "review": {"node_headers": headers if header else {}}}
+
+
+def test_the_limit_fact_for_a_node_that_served_the_recommended_level():
+    out = bench_limit_fact(judged(), "node1", "run7")
+    assert out["apply"] is True
+    assert out["fact"] == {"bench": "run7", "recommended_concurrency": 32, "release_id": "abc123def456",
+                           "replicas": {"vllm-0": {"maxconn": 16, "argv": ["py", "--port", "8000"],
+                                                   "vllm_version": "0.5.4", "port": 8000},
+                                        "vllm-1": {"maxconn": 16, "argv": ["py", "--port", "8001"],
+                                                   "vllm_version": "0.5.4", "port": 8001}}}
+    assert "node1: maxconn 16 for vllm-0, vllm-1" in out["message"] and "next converge" in out["message"]
+    # a replica too few completions for its own bound does not stop it: the level had them
+    assert bench_limit_fact(judged(node_verdict="INCONCLUSIVE"), "node1", "run7")["apply"] is True
+
+
+@pytest.mark.parametrize("summary, node, words", [
+    (judged(recommended=None, per_replica=None), "node1", "no level passed"),
+    (judged(header=False), "node1", "was not sampled"),
+    (judged(served=("node2",)), "node1", "none of its replicas served the recommended level 32"),
+    (judged(node_verdict="FAIL"), "node1", "its own verdict at the recommended level 32 is FAIL"),
+])
+def test_nothing_is_applied_without_a_measurement_that_holds(summary, node, words):
+    out = bench_limit_fact(summary, node, "run7")
+    assert out["apply"] is False and out["fact"] == {} and words in out["message"], out["message"]

@@ -99,3 +99,26 @@ def test_at_a_time_scale_throughput_is_per_simulated_second():
     assert simulated["e2e_p95_bounds"]["lower"] == pytest.approx(4 * wall["e2e_p95_bounds"]["lower"]) == 6.0
     for key in ("requests", "completed", "failed", "output_tokens", "usage_vs_stream", "early_eos"):
         assert simulated[key] == wall[key], key
+
+
+def test_the_front_door_queue_is_reported_apart_and_excluded_only_when_asked():
+    # waited 0.3 s at the front door, then the server's first token 0.2 s later and its last 1.2 s later
+    queued = dict(record(), queued_s=0.3)
+    client = metrics.request_metrics(queued)
+    assert (client.ttft, client.e2e, client.queued) == (pytest.approx(0.5), pytest.approx(1.5), 0.3)
+    served = metrics.request_metrics(queued, exclude_queue=True)
+    assert (served.ttft, served.e2e) == (pytest.approx(0.2), pytest.approx(1.2))
+    assert served.tpot == pytest.approx(client.tpot) and served.itl == pytest.approx(client.itl)
+    # at a time scale of a half the wait is in simulated seconds as well
+    assert metrics.request_metrics(queued, 0.5, exclude_queue=True).queued == pytest.approx(0.6)
+    level = metrics.aggregate([queued, record()], 10.0, 0, exclude_queue=True)
+    assert level["queue_reported"] == 1 and level["queue_s"]["p50"] == pytest.approx(0.3)
+    assert level["queue_excluded"] is True
+    assert level["e2e_s"]["max"] == pytest.approx(1.5)        # the record without a reported wait keeps its E2E
+    assert metrics.aggregate([record()], 10.0, 0)["queue_s"]["p50"] is None
+
+
+@pytest.mark.parametrize("header, seconds", [("250", 0.25), ("0", 0.0), ("-1", None), (None, None), ("x", None)])
+def test_the_queue_header_in_milliseconds(header, seconds):
+    from ansible.module_utils.revive_bench.client import queue_seconds
+    assert queue_seconds(header) == seconds

@@ -60,10 +60,13 @@ def test_the_record_names_what_to_watch_and_a_missing_one_is_a_clear_error(tmp_p
     record = tmp_path / "releases.json"
     record.write_text(json.dumps({"current": {"id": "r1", "vllm_version": "0.5.4", "simulated": True, "args": ["-x"],
                                               "replicas": [{"name": "node1-vllm-0", "unit": "node1-vllm-0.service",
-                                                            "port": 8000, "gpus": [0, 1]}]}}))
+                                                            "port": 8000, "gpus": [0, 1],
+                                                            "argv": ["/v/bin/python", "-m", "x", "--port", 8000]}]}}))
     watch = sampler.load_replicas(str(record))
+    # the argv is what a limit the bench applies is tied to (invocation.bench_limit_fact)
     assert watch["replicas"] == [{"name": "node1-vllm-0", "unit": "node1-vllm-0.service", "port": 8000,
-                                  "gpus": ["0", "1"], "tensor_parallel_size": None}]
+                                  "gpus": ["0", "1"], "tensor_parallel_size": None,
+                                  "argv": ["/v/bin/python", "-m", "x", "--port", "8000"]}]
     with pytest.raises(sampler.SampleError, match="provision the node"):
         sampler.load_replicas(str(tmp_path / "missing.json"))
     record.write_text(json.dumps({"current": None}))

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,8 +13,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import jinja2
 import pytest
+from fixtures.haproxy import HAPROXY, HAProxy, free_port, render
 from ansible.module_utils.revive_haproxy import (
     HAProxyError,
     admin_mode,
@@ -33,10 +29,6 @@ from ansible.module_utils.revive_haproxy import (
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "frontdoor"
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-
-if not os.path.exists(HAPROXY):
-    raise RuntimeError("these tests need HAProxy (Debian: apt-get install haproxy; .ci/run installs it)")
 
 
 class Backend:
@@ -75,67 +67,6 @@ class Backend:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def render(tmp: Path, backends: list, front_port: int, **overrides) -> str:
-    """The role's template, as Ansible renders it, with the test's paths (no chroot, user or syslog)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROLE / "templates")), keep_trailing_newline=True)
-    env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
-    defaults = __import__("yaml").safe_load((ROLE / "defaults" / "main.yml").read_text())
-    defaults.update({
-        "ansible_managed": "Managed by the test",
-        "frontdoor_admin_socket": str(tmp / "admin.sock"),
-        "frontdoor_server_state_file": str(tmp / "server-state"),
-        "frontdoor_bind_address": "127.0.0.1",
-        "frontdoor_port": front_port,
-        "frontdoor_check_inter": "200ms",
-        "__frontdoor_servers": [{"name": f"node{i + 1}-vllm-0", "address": "127.0.0.1", "port": b.port, "maxconn": 16}
-                                for i, b in enumerate(backends)],
-    })
-    defaults.update(overrides)
-    text = env.get_template("haproxy.cfg.j2").render(**defaults)
-    # The test runs unprivileged paths: no chroot, no user switch, no syslog socket.
-    for line in ("    chroot /var/lib/haproxy\n", "    user haproxy\n", "    group haproxy\n", "    daemon\n",
-                 "    log /dev/log local0\n", "    log /dev/log local1 notice\n"):
-        assert line in text, line
-        text = text.replace(line, "")
-    return text
-
-
-class HAProxy:
-    def __init__(self, tmp: Path, config: str):
-        self.tmp = tmp
-        self.config = tmp / "haproxy.cfg"
-        self.config.write_text(config)
-        self.socket = str(tmp / "admin.sock")
-        self.process = None
-
-    def start(self):
-        if os.path.exists(self.socket):
-            os.unlink(self.socket)
-        self.process = subprocess.Popen([HAPROXY, "-db", "-f", str(self.config)], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"haproxy did not start: {self.process.stdout.read().decode()}")
-            time.sleep(0.02)
-        return self
-
-    def stop(self):
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGUSR1)  # soft stop
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @pytest.fixture

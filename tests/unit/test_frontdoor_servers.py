@@ -1,0 +1,74 @@
+"""The front door's backend servers and their limits (module_utils/revive_frontdoor.py, the role frontdoor's
+`frontdoor_servers` filter): a bench limit applied to the node wins while the replica runs the argv it was measured
+on, else frontdoor_server_maxconn, else the plan's streams; never above --max-num-seqs; every source said."""
+from __future__ import annotations
+
+from ansible.module_utils.revive_frontdoor import backend_servers, frontdoor_servers
+
+ARGS = ["--model", "/srv/models/m", "--port", "8000", "--max-num-seqs", "64"]
+ARGV = ["/opt/vllm/venvs/r1/bin/python", "-m", "vllm.entrypoints.openai.api_server"] + ARGS
+
+
+def release(streams=16, max_num_seqs=64, version="0.5.4", args=ARGS):
+    return {"vllm_version": version, "settings": {"max_num_seqs": max_num_seqs},
+            "replicas": [{"name": "vllm-0", "port": 8000, "args": list(args), "streams": streams},
+                         {"name": "vllm-1", "port": 8001, "args": list(args[:3]) + ["8001"] + list(args[4:]),
+                          "streams": streams}]}
+
+
+def applied(maxconn=32, argv=ARGV, version="0.5.4"):
+    return {"bench": "20261201T2200Z", "replicas": {"vllm-0": {"maxconn": maxconn, "argv": list(argv),
+                                                              "vllm_version": version}}}
+
+
+def node(**kwargs):
+    return [{"name": "node1", "address": "10.0.0.1", "release": kwargs.pop("rel", release()), **kwargs}]
+
+
+def test_without_a_measurement_the_plans_streams_or_the_fleet_setting():
+    servers = backend_servers(node())
+    assert [(s["name"], s["address"], s["port"], s["maxconn"], s["source"]) for s in servers] == [
+        ("node1-vllm-0", "10.0.0.1", 8000, 16, "the plan's streams per replica"),
+        ("node1-vllm-1", "10.0.0.1", 8001, 16, "the plan's streams per replica")]
+    assert [s["maxconn"] for s in backend_servers(node(), 24)] == [24, 24]
+    assert backend_servers(node(), 24)[0]["source"] == "frontdoor_server_maxconn"
+
+
+def test_a_measured_limit_wins_for_its_replica_only():
+    servers = backend_servers(node(applied=applied()), 24)
+    assert [(s["maxconn"], s["source"]) for s in servers] == [(32, "measured by 20261201T2200Z"),
+                                                              (24, "frontdoor_server_maxconn")]
+    assert servers[0]["report"] == "node1-vllm-0: maxconn 32 from measured by 20261201T2200Z"
+
+
+def test_a_limit_measured_on_another_argv_or_version_is_stale_and_said_so():
+    other = ARGV[:-1] + ["128"]
+    for fact in (applied(argv=other), applied(version="0.8.5.post1"), applied(argv=[])):
+        server = backend_servers(node(applied=fact))[0]
+        assert server["maxconn"] == 16 and server["source"] == "the plan's streams per replica"
+        assert "was measured on vLLM" in server["note"] and "not applied" in server["note"], server
+        assert "benchmark_apply=true" in server["report"]
+
+
+def test_a_bad_applied_value_is_not_applied():
+    for bad in (0, -3, "many", None):
+        server = backend_servers(node(applied=applied(maxconn=bad)))[0]
+        assert server["maxconn"] == 16 and "is not a positive integer" in server["note"], bad
+
+
+def test_never_above_max_num_seqs_whatever_the_source():
+    capped = backend_servers(node(applied=applied(maxconn=100)))[0]
+    assert capped["maxconn"] == 64 and "100 capped at --max-num-seqs 64" in capped["note"]
+    assert backend_servers(node(), 500)[1]["maxconn"] == 64
+    assert backend_servers(node(rel=release(streams=0, max_num_seqs=0)))[0]["maxconn"] == 256
+
+
+def test_the_filter_reads_the_host_variables():
+    hostvars = {"node1": {"ansible_host": "10.0.0.1",
+                          "ansible_facts": {"revive_release": release(), "local": {"revive_frontdoor": applied()}}},
+                "node2": {"ansible_facts": {"revive_release": release(streams=8)}}}
+    servers = frontdoor_servers(["node1", "node2"], hostvars, "0")
+    assert [(s["name"], s["address"], s["maxconn"]) for s in servers] == [
+        ("node1-vllm-0", "10.0.0.1", 32), ("node1-vllm-1", "10.0.0.1", 16),
+        ("node2-vllm-0", "node2", 8), ("node2-vllm-1", "node2", 8)]
+    assert frontdoor_servers(["node3"], {"node3": {}}) == []
