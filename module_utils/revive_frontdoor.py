@@ -44,8 +44,9 @@ def _measured(applied: Optional[Mapping[str, Any]], replica: Mapping[str, Any], 
 
 
 def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: int = 0) -> List[Dict[str, Any]]:
-    """One server per replica: {name, node, address, port, maxconn, source, note, report (a line for the play)}. `nodes`: per GPU node
-    {name, address, release (the plan, host fact revive_release), applied (the local fact revive_frontdoor)}."""
+    """One server per replica: {name, node, address, port, maxconn, source, note, report (a line for the play)}.
+    `nodes`: per GPU node {name, address, release (the plan, host fact revive_release), applied (the local fact
+    revive_frontdoor)}."""
     servers = []
     for node in nodes:
         release = node.get("release") or {}

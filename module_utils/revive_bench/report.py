@@ -64,8 +64,8 @@ def markdown(summary: Dict[str, Any]) -> str:
             f"{_fmt(s['achieved_concurrency'], 1, 2)} | {_fmt(s['dispatch_lag_s']['p99'], 1000, 2)} |")
     queued = [level for level in summary["levels"] if level["stats"].get("queue_reported")]
     if queued:
-        lines += ["", "## Front-door queue", "", "| concurrency | requests with a wait reported | queue p50 / p95 / max s |",
-                  "|---|---|---|"]
+        lines += ["", "## Front-door queue", "",
+                  "| concurrency | requests with a wait reported | queue p50 / p95 / max s |", "|---|---|---|"]
         lines += [f"| {level['concurrency']} | {level['stats']['queue_reported']} | "
                   f"{_fmt(level['stats']['queue_s']['p50'])} / {_fmt(level['stats']['queue_s']['p95'])} / "
                   f"{_fmt(level['stats']['queue_s']['max'])} |" for level in queued]

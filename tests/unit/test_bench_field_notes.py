@@ -159,8 +159,10 @@ def test_a_front_door_limit_keeps_level_64_within_the_slo_and_reports_the_queue(
     flight, 32 wait in HAProxy's queue and the twin serves 32: the servers' P95 E2E passes the SLO and the wait is
     reported apart. Through the same front door without the fact (maxconn = --max-num-seqs 128) the twin gets all
     64 and P95 E2E fails it."""
-    argv = ["/opt/vllm/venvs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server"] + list(harness.FIELD_NOTES_FLAGS)
-    applied = {"bench": "field-notes-run", "replicas": {"vllm-0": {"maxconn": 32, "argv": argv, "vllm_version": "0.5.4"}}}
+    argv = ["/opt/vllm/venvs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    argv += list(harness.FIELD_NOTES_FLAGS)
+    applied = {"bench": "field-notes-run",
+               "replicas": {"vllm-0": {"maxconn": 32, "argv": argv, "vllm_version": "0.5.4"}}}
     runs = {}
     for name, fact in (("limited", applied), ("unlimited", None)):
         proxy = front_door(tmp_path / name, twin.port, fact)
