@@ -23,7 +23,12 @@ DEFAULT_MAX_NUM_SEQS = 256   # vLLM's default --max-num-seqs (0.5.4 to 0.10)
 def _measured(applied: Optional[Mapping[str, Any]], replica: Mapping[str, Any], vllm_version: str
               ) -> Dict[str, Any]:
     """{'maxconn': int, 'source': str} from the node's applied bench limit, or {'stale': reason} / {}."""
-    entry = ((applied or {}).get("replicas") or {}).get(replica.get("name"))
+    if applied and not isinstance(applied, Mapping):
+        # Ansible turns a facts.d file it cannot parse into an error string
+        return {"stale": f"the node's local fact revive_frontdoor is not a JSON object ({str(applied)[:200]}): not "
+                         "applied; run playbooks/benchmark.yml -e benchmark_apply=true again"}
+    replicas = (applied or {}).get("replicas")
+    entry = (replicas if isinstance(replicas, Mapping) else {}).get(replica.get("name"))
     if not isinstance(entry, Mapping):
         return {}
     bench = applied.get("bench") or "a bench run"

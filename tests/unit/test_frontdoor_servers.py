@@ -56,6 +56,12 @@ def test_a_bad_applied_value_is_not_applied():
         assert server["maxconn"] == 16 and "is not a positive integer" in server["note"], bad
 
 
+def test_a_fact_file_ansible_could_not_parse_is_not_applied():
+    server = backend_servers(node(applied="error loading facts as JSON or ini - please check content"))[0]
+    assert server["maxconn"] == 16 and "is not a JSON object" in server["note"]
+    assert backend_servers(node(applied={"replicas": ["vllm-0"]}))[0]["note"] == ""
+
+
 def test_never_above_max_num_seqs_whatever_the_source():
     capped = backend_servers(node(applied=applied(maxconn=100)))[0]
     assert capped["maxconn"] == 64 and "100 capped at --max-num-seqs 64" in capped["note"]
