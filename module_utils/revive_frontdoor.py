@@ -48,11 +48,11 @@ def _measured(applied: Optional[Mapping[str, Any]], replica: Mapping[str, Any], 
     return {"maxconn": limit, "source": f"measured by {bench}"}
 
 
-def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: int = 0) -> List[Dict[str, Any]]:
+def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: Any = 0) -> List[Dict[str, Any]]:
     """One server per replica: {name, node, address, port, maxconn, source, note, report (a line for the play)}.
     `nodes`: per GPU node {name, address, release (the plan, host fact revive_release), applied (the local fact
     revive_frontdoor)}."""
-    servers = []
+    servers, fleet_maxconn = [], int(server_maxconn or 0)
     for node in nodes:
         release = node.get("release") or {}
         max_num_seqs = int((release.get("settings") or {}).get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
@@ -60,8 +60,8 @@ def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: int = 0)
             measured = _measured(node.get("applied"), replica, str(release.get("vllm_version") or ""))
             if "maxconn" in measured:
                 wanted, source = measured["maxconn"], measured["source"]
-            elif int(server_maxconn or 0) > 0:
-                wanted, source = int(server_maxconn), "frontdoor_server_maxconn"
+            elif fleet_maxconn > 0:
+                wanted, source = fleet_maxconn, "frontdoor_server_maxconn"
             else:
                 wanted = int(replica.get("streams") or max_num_seqs)
                 source = "the plan's streams per replica"
@@ -86,4 +86,4 @@ def frontdoor_servers(node_names: Sequence[str], hostvars: Mapping[str, Any], se
         nodes.append({"name": name, "address": host.get("ansible_host") or name,
                       "release": facts.get("revive_release") or {},
                       "applied": (facts.get("local") or {}).get("revive_frontdoor")})
-    return backend_servers(nodes, int(server_maxconn or 0))
+    return backend_servers(nodes, server_maxconn)

@@ -119,7 +119,6 @@ def aggregate(records: Sequence[Dict[str, Any]], window_s: float, window_tokens:
         "itl_s": distribution([gap for m in measured for gap in m.itl]),
         "queue_s": distribution(queued),
         "queue_reported": len(queued),
-        "queue_excluded": exclude_queue,
         "e2e_p95_bounds": quantile_bounds(e2e, slo_quantile, confidence),
         "output_tokens": output_tokens,
         "output_tokens_mean": output_tokens / len(measured) if measured else None,

@@ -113,7 +113,6 @@ def test_the_front_door_queue_is_reported_apart_and_excluded_only_when_asked():
     assert metrics.request_metrics(queued, 0.5, exclude_queue=True).queued == pytest.approx(0.6)
     level = metrics.aggregate([queued, record()], 10.0, 0, exclude_queue=True)
     assert level["queue_reported"] == 1 and level["queue_s"]["p50"] == pytest.approx(0.3)
-    assert level["queue_excluded"] is True
     assert level["e2e_s"]["max"] == pytest.approx(1.5)        # the record without a reported wait keeps its E2E
     assert metrics.aggregate([record()], 10.0, 0)["queue_s"]["p50"] is None
 
