@@ -458,9 +458,12 @@ def warm_up(spec: WarmupSpec, deps: Deps, release: Optional[Dict[str, Any]] = No
     while True:
         batch = send_batch(endpoint, request_plan, len(answers), target - len(answers), deps)
         answers.extend(batch)
-        bad = [a for a in batch if not a.ok]
+        bad = sorted((a for a in batch if not a.ok), key=lambda a: a.index)
         if bad:
-            failure = f"warm-up request {bad[0].index + 1} failed: {bad[0].error}"
+            # The lowest-numbered failure, not the first to come back: with requests in flight together the
+            # completion order is a race, and the report must not change from one run to the next.
+            others = f" ({len(bad) - 1} more of the {len(batch)} answers failed)" if len(bad) > 1 else ""
+            failure = f"warm-up request {bad[0].index + 1} failed: {bad[0].error}{others}"
             if spec.unit:
                 state = read_unit(spec.unit, deps.runner)
                 failure += f" (unit {spec.unit}: {state.describe()})"

@@ -21,7 +21,8 @@ def chunk_frame(data: bytes) -> bytes:
 
 @dataclass
 class Answer:
-    """One streamed chat answer: `tokens` words, `token_delay` seconds apart, after `first_delay`."""
+    """One streamed chat answer: `tokens` words, `token_delay` seconds apart, after `first_delay` (an error answer
+    `status` comes after `first_delay` too)."""
     tokens: int = 8
     token_delay: float = 0.0
     first_delay: float = 0.0
@@ -95,6 +96,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _stream(self, sock: socket.socket, answer: Answer, chat: bool, body: Dict[str, Any]) -> None:
         if answer.status != 200:
+            time.sleep(answer.first_delay)
             self._json(sock, answer.status, answer.error_body or {"object": "error", "message": "boom",
                                                                   "type": "InternalServerError", "code": answer.status})
             return

@@ -254,6 +254,21 @@ def test_an_error_answer_stops_the_warm_up_and_quotes_vllm_and_the_unit():
     assert sent == 4
 
 
+def test_with_requests_in_flight_the_lowest_numbered_failure_is_reported_whichever_came_back_first():
+    # Every answer fails, the first to arrive slowest: with two in flight, request 2 comes back before request 1.
+    # The report names request 1 either way (a race must not change it from run to run) and counts the others.
+    error = {"object": "error", "message": "simulated engine error", "code": 500}
+
+    def answer(number, body):
+        return Answer(status=500, error_body=error, first_delay=0.4 if number == 1 else 0.0)
+
+    with FakeServer(answer_for=answer) as fake:
+        outcome = warm_up(spec_for(fake.port, concurrency=2), deps_for(FakeSystemd([show()])))
+    assert not outcome.passed
+    assert outcome.message.startswith("vllm-x.service: warm-up failed: warm-up request 1 failed: HTTP 500 from ")
+    assert "simulated engine error (1 more of the 2 answers failed) (unit vllm-x.service: " in outcome.message
+
+
 def test_a_replica_serving_another_model_fails_before_any_request():
     with FakeServer(models=["other"]) as fake:
         with pytest.raises(WarmupError, match=r"/v1/models lists \['other'\], not the served model name 'tiny'"):
