@@ -36,6 +36,7 @@ STAGES = ("preflight", "provision", "handover", "rolling", "benchmark")
 
 _MODEL = ("revive_model_name", "revive_model_revision", "revive_model_source_type", "revive_model_source_path")
 _PACKAGES = ("revive_pip_source", "revive_lock_dir")
+_SLO = ("revive_slo_p95_e2e_s", "revive_slo_output_tokens")
 # The variables without a default that each stage reads, per group of the hosts it reads them on. A variable with a
 # default is never missing; one without is needed only where a stage reads it (preflight.yml alone needs no API key).
 STAGE_NEEDS: Dict[str, Dict[str, Tuple[str, ...]]] = {
@@ -44,8 +45,9 @@ STAGE_NEEDS: Dict[str, Dict[str, Tuple[str, ...]]] = {
                                         "revive_expected_gpu_count", "revive_expected_gpu_name") + _PACKAGES
                   + ("revive_max_unfit_percent",)},
     "provision": {"gpu_nodes": _MODEL + _PACKAGES + ("revive_api_key",)},
-    "handover": {"gpu_nodes": ("revive_api_key",), "bench": ("revive_model_name", "revive_api_key")},
-    "rolling": {"gpu_nodes": ("revive_api_key",)},
+    # The hand-over's SLO gate (revive_slo_gate) judges against the plan's SLO: read whether or not the gate is on.
+    "handover": {"gpu_nodes": ("revive_api_key",) + _SLO, "bench": ("revive_model_name", "revive_api_key")},
+    "rolling": {"gpu_nodes": ("revive_api_key",) + _SLO},
     "benchmark": {"bench": ("revive_model_name", "revive_api_key", "revive_slo_p95_e2e_s", "revive_slo_output_tokens")},
 }
 # The groups that must hold a host for a stage to do its work.
@@ -244,6 +246,8 @@ VALUE_RULES: Dict[str, Callable[[Any], Optional[Tuple[str, str]]]] = {
     "revive_pip_source": _pip_source,
     "revive_max_unfit_percent": _percent,
     "revive_api_key": _non_empty("the API key (from a vault)"),
+    "revive_slo_gate_duration_s": _at_least(0, inclusive=False),
+    "revive_slo_gate_concurrency": _at_least(0),
     "revive_rolling_serial": _serial,
     "revive_rolling_max_fail_percent": _percent,
 }

@@ -235,3 +235,23 @@ def parse_lock(text: str, where: str) -> Lock:
             raise LockError(f"lock {where}: header lists {requirement} as supplied but the lock has no entry for "
                             "it; regenerate it with bin/revive lock")
     return lock
+
+
+def locked_wheel_files(filenames: Sequence[str], text: str, where: str = "the lock") -> List[str]:
+    """The wheel files among `filenames` (a wheelhouse's listing) that build a distribution the lock pins: its name
+    (canonical) and version. Only those travel to a node; pip picks among them by the lock's hashes, so a build of
+    the right version that the lock does not hash is still refused there. Sorted. Raises LockError for a bad lock
+    and for a pin without any file, naming them."""
+    pins = {(entry.key, entry.version): str(entry) for entry in parse_lock(text, where).entries}
+    chosen, found = [], set()
+    for filename in filenames:
+        parts = filename[:-4].split("-") if filename.endswith(".whl") else []
+        pin = (canonical_name(parts[0]), parts[1]) if len(parts) in (5, 6) else None
+        if pin in pins:
+            chosen.append(filename)
+            found.add(pin)
+    missing = [pins[pin] for pin in sorted(set(pins) - found)]
+    if missing:
+        raise LockError(f"the wheelhouse has no wheel of {', '.join(missing)}, which {where} pins: add the "
+                        "wheels (pip download --only-binary :all: --no-deps <name>==<version>) or use an index")
+    return sorted(chosen)

@@ -80,6 +80,12 @@ def load(path: str, budget: int = 256) -> Dict[str, Any]:
             raw = handle.read()
     except OSError as exc:
         raise PromptError(f"--prompts {path}: {exc.strerror}") from exc
+    return parse(raw, path, budget)
+
+
+def parse(raw: bytes, path: str, budget: int = 256) -> Dict[str, Any]:
+    """load() of a prompt file's bytes, read elsewhere (the SLO gate gets them from the controller); `path` names
+    them in errors and in the provenance."""
     prompts: List[Prompt] = []
     for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():

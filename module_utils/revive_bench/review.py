@@ -28,6 +28,7 @@ from .metrics import aggregate, tokens_between
 from .observe import NodeSamples, observe
 from .verdict import FAIL, INCONCLUSIVE, INVALID, PASS, Bounds, exit_code, judge, knees, recommend
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 ORDER = {PASS: 0, INCONCLUSIVE: 1, INVALID: 2, FAIL: 3}
 
 
@@ -57,13 +58,15 @@ def attribution(record: Dict[str, Any]) -> str:
 def _replica_of(label: str, nodes: Sequence[NodeSamples]) -> tuple:
     """(node, replica name) a label stands for: the front door's server name `<node>-<replica>` (node1-vllm-0), a
     replica's own name, or a URL `http://node1:8000` at a replica's port; (None, None) for anything else (the front
-    door's URL when no served-by header was recorded)."""
+    door's URL when no served-by header was recorded). With one node's samples, a loopback URL is that node's (the
+    hand-over's SLO gate benches a node on the node, module_utils/revive_slo_gate.py)."""
     host_port = label.split("://", 1)[-1].split("/", 1)[0]
     host, _, port = host_port.rpartition(":")
+    local = len(nodes) == 1 and host in LOOPBACK
     for node in nodes:
         for replica in node.header["replicas"]:
             if label in (f"{node.node}-{replica['name']}", replica["name"]) or (
-                    host == node.node and port == str(replica["port"])):
+                    (host == node.node or local) and port == str(replica["port"])):
                 return node, replica["name"]
     return None, None
 

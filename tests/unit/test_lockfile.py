@@ -8,6 +8,7 @@ from ansible.module_utils.revive_lockfile import (
     LockError,
     canonical_name,
     lock_file_name,
+    locked_wheel_files,
     parse_lock,
     render_header,
 )
@@ -148,3 +149,27 @@ def test_lock_file_name_refuses_a_bare_major():
 
 def test_canonical_name_is_pep_503():
     assert canonical_name("Nvidia_ML.py") == canonical_name("nvidia--ml-py") == "nvidia-ml-py"
+
+
+PROBE_LOCK = """nvidia-ml-py==13.615.71 \\
+    --hash=sha256:959bf4adf6fe1308e4bd739e722236b0d1ec8392e2cefad33ff70c311380b9b6
+Torch==2.4.0+sim \\
+    --hash=sha256:bebe4e48f51b1dc75028c0815cb7bfa14a31a5bb80be70c9d980c6036953fc3d
+"""
+
+
+def test_only_the_wheels_of_a_locked_name_and_version_travel():
+    listing = ["vllm-0.5.4+sim-py3-none-any.whl", "nvidia_ml_py-13.615.71-py3-none-any.whl",
+               "nvidia_ml_py-12.560.30-py3-none-any.whl", "torch-2.4.0+sim-py3-none-any.whl",
+               "torch-2.4.0+sim-1-cp311-cp311-manylinux_2_28_x86_64.whl", "torch-2.6.0+sim-py3-none-any.whl",
+               "nvidia-ml-py-13.615.71.tar.gz", "README"]
+    assert locked_wheel_files(listing, PROBE_LOCK) == [
+        "nvidia_ml_py-13.615.71-py3-none-any.whl", "torch-2.4.0+sim-1-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torch-2.4.0+sim-py3-none-any.whl"]
+
+
+def test_a_pin_without_a_wheel_is_named_with_the_fix():
+    with pytest.raises(LockError, match=r"the wheelhouse has no wheel of Torch==2.4.0\+sim, which probe.txt pins: "
+                                        r"add the wheels \(pip download"):
+        locked_wheel_files(["nvidia_ml_py-13.615.71-py3-none-any.whl", "nvidia-ml-py-13.615.71.tar.gz"],
+                           PROBE_LOCK, "probe.txt")
