@@ -2,7 +2,8 @@
 
     revive bench --url URL[,URL...] --model NAME [--concurrency 8,16,32,64] [--duration S] [--warmup S]
                  [--max-tokens 200] [--slo-e2e-p95 12] --out DIR [--json] [--api-key KEY] [--chat] [--ignore-eos]
-                 [--rate R] [--prompts FILE] [--seed N] [--timeout S] [--time-scale auto|X] [--exclude-queue]
+                 [--rate R] [--prompts FILE] [--prompt-tokens N] [--tokenizer FILE] [--seed N] [--timeout S]
+                 [--time-scale auto|X] [--exclude-queue]
 
 Each level is a closed loop of N requests in flight (or, with --rate, Poisson arrivals with N as the cap),
 `--warmup` seconds not measured, then `--duration` seconds measured; requests still in flight at the end are
@@ -28,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ansible.module_utils.revive_bench.client import URLError, parse_url
 from ansible.module_utils.revive_bench.probe import ProbeError, TimeScaleError
-from ansible.module_utils.revive_bench.prompts import PromptError, load
+from ansible.module_utils.revive_bench.prompts import PromptError, load, tokenizer_counter
 from ansible.module_utils.revive_bench.report import write
 from ansible.module_utils.revive_bench.run import Options, run_sync
 from ansible.module_utils.revive_bench.verdict import Bounds
@@ -104,7 +105,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--rate", type=positive, help="open loop: Poisson arrivals per (wall) second")
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL of prompts (default: bundled)")
     parser.add_argument("--prompt-tokens", type=_number(int, 0, True), default=256,
-                        help="trim prompts to this many tokens (approximate; default 256)")
+                        help="trim prompts to this many tokens (default 256; approximate without --tokenizer)")
+    parser.add_argument("--tokenizer", help="the model's tokenizer.json: count and trim with it (needs the "
+                        "tokenizers package); default: 4 characters per token")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=positive, default=120.0, help="per request, wall seconds (default 120)")
     parser.add_argument("--connect-timeout", type=positive, default=10.0, help="wall seconds (default 10)")
@@ -228,7 +231,8 @@ def main(argv: List[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        prompt_set = load(args.prompts, args.prompt_tokens)
+        counter = tokenizer_counter(args.tokenizer) if args.tokenizer else None
+        prompt_set = load(args.prompts, args.prompt_tokens, counter)
         observations = _observations(args.node_observations) if args.node_observations else {}
     except PromptError as exc:
         print(f"revive bench: {exc}", file=sys.stderr)

@@ -53,6 +53,7 @@ def twin(tmp_path_factory):
     (["--url", "http://h:99999"], "argument --url: 'http://h:99999': bad port"),
     (["--confidence", "1"], "argument --confidence: 1 must be < 1"),
     (["--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: No such file or directory"),
+    (["--tokenizer", "/nonexistent.json"], "--tokenizer /nonexistent.json: No such file or directory"),
     (["--node-observations", "/nonexistent.json"], "--node-observations /nonexistent.json: [Errno 2]"),
     (["--time-scale", "0"], "argument --time-scale: '0' must be > 0"),
     (["--time-scale", "fast"], "argument --time-scale: 'fast' is not a number"),

@@ -1,8 +1,10 @@
 """revive bench's prompt sets (module_utils/revive_bench/prompts.py, data/bench/prompts.jsonl): the bundled set, the
-approximate token budget, conversations as completions text, errors that name the line."""
+approximate token budget, the budget counted by a real tokenizer (a tokenizer.json the tokenizers package trains here),
+conversations as completions text, errors that name the line."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -60,3 +62,55 @@ def test_the_order_is_one_seeded_permutation():
 def test_the_api_key_never_reaches_the_recorded_command():
     assert redacted(["--url", "u", "--api-key", "s3cret", "--api-key=s3cret"]) == \
         ["--url", "u", "--api-key", "***", "--api-key=***"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    """A real tokenizer.json: a word-level vocabulary trained on the bundled prompts (one token per word or
+    punctuation mark, so the counts below can be checked by hand)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    texts = [m["content"] for p in prompts.load(str(DEFAULT_PROMPTS))["prompts"] for m in p.messages]
+    tokenizer.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
+
+
+def test_a_tokenizer_counts_and_cuts_at_token_boundaries(tokenizer_json):
+    counter = prompts.tokenizer_counter(tokenizer_json)
+    assert counter.count("How do I reset my VPN password?") == 8      # 7 words and the question mark
+    text = "ab " * 300 + "How do I reset my VPN password?"
+    assert counter.tail(text, 8) == "How do I reset my VPN password?"
+    assert counter.tail(text, 9) == "ab How do I reset my VPN password?"
+    single = [{"role": "user", "content": text}]
+    kept = prompts.trim(single, 20, counter)
+    assert counter.tokens(kept) == 20 and kept[0]["content"].endswith("my VPN password?")
+    # the 4-characters rule keeps the last 80 characters: 24 tokens of this text by its tokenizer
+    assert counter.count(prompts.trim(single, 20)[0]["content"]) == 24
+    conversation = [{"role": "user", "content": "Hello there " * 20}, {"role": "assistant", "content": "Hi"},
+                    {"role": "user", "content": "Reset my token"}]
+    assert prompts.trim(conversation, 10, counter) == conversation[1:]       # 1 + 3 tokens once the first goes
+
+
+def test_a_prompt_set_loaded_with_a_tokenizer_says_so_and_keeps_every_prompt_in_budget(tokenizer_json, tmp_path):
+    counter = prompts.tokenizer_counter(tokenizer_json)
+    loaded = prompts.load(str(DEFAULT_PROMPTS), 30, counter)
+    assert loaded["approximation"].startswith(f"tokenizer {tokenizer_json} (sha256 ")
+    assert loaded["trimmed"] > 0
+    assert max(counter.tokens(p.messages) for p in loaded["prompts"]) <= 30
+    approximate = prompts.load(str(DEFAULT_PROMPTS), 30)
+    assert approximate["approximation"] == "no tokenizer: 4 characters per token"
+
+
+def test_a_tokenizer_that_cannot_be_used_is_named(tokenizer_json, tmp_path, monkeypatch):
+    with pytest.raises(prompts.PromptError, match=r"--tokenizer /nonexistent.json: No such file or directory"):
+        prompts.tokenizer_counter("/nonexistent.json")
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(prompts.PromptError, match=r"not a tokenizer.json the tokenizers package can read"):
+        prompts.tokenizer_counter(str(bad))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(prompts.PromptError, match=r"the tokenizers package is not installed here .*approximate"):
+        prompts.tokenizer_counter(tokenizer_json)
