@@ -185,8 +185,9 @@ def describe(level: Dict[str, Any], spec: GateSpec, watch: Dict[str, Any], repor
     """One line for the play: verdict, load, the numbers the SLO is judged on, the reasons, where the report is."""
     stats, verdict = level["stats"], level["verdict"]
     e2e, bounds = stats.get("e2e_s") or {}, stats.get("e2e_p95_bounds") or {}
-    numbers = (f"P95 E2E {e2e['p95']:.2f} s (upper bound {bounds['upper']:.2f} s) against {spec.slo_e2e_p95_s:g} s"
-               if e2e.get("p95") is not None and bounds.get("upper") is not None else "no P95 E2E")
+    shown = [f"{name} bound {bounds[name]:.2f} s" for name in ("lower", "upper") if bounds.get(name) is not None]
+    numbers = (f"P95 E2E {e2e['p95']:.2f} s{' (' + ', '.join(shown) + ')' if shown else ''} against "
+               f"{spec.slo_e2e_p95_s:g} s" if e2e.get("p95") is not None else "no completed request")
     reasons = "; ".join(verdict.get("reasons") or []) or "every rule held"
     where = f"; report {report_dir}" if report_dir else ""
     return (f"{spec.node}: SLO gate {verdict['verdict']} for release {watch['release_id']} at {level['concurrency']} "
