@@ -78,12 +78,13 @@ def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: Any = 0)
 def frontdoor_servers(node_names: Sequence[str], hostvars: Mapping[str, Any], server_maxconn: Any = 0
                       ) -> List[Dict[str, Any]]:
     """The filter: backend_servers() from the GPU nodes' host variables (ansible_host, the facts revive_release
-    and, from /etc/ansible/facts.d, local.revive_frontdoor)."""
+    and, from /etc/ansible/facts.d, revive_frontdoor). Ansible keeps local facts under `ansible_local` even inside
+    `ansible_facts`, where it strips the prefix from every other fact (ansible-core's setup module)."""
     nodes = []
     for name in node_names:
         host = hostvars[name]
         facts = host.get("ansible_facts") or {}
         nodes.append({"name": name, "address": host.get("ansible_host") or name,
                       "release": facts.get("revive_release") or {},
-                      "applied": (facts.get("local") or {}).get("revive_frontdoor")})
+                      "applied": (facts.get("ansible_local") or {}).get("revive_frontdoor")})
     return backend_servers(nodes, server_maxconn)

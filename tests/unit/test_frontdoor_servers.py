@@ -71,10 +71,56 @@ def test_never_above_max_num_seqs_whatever_the_source():
 
 def test_the_filter_reads_the_host_variables():
     hostvars = {"node1": {"ansible_host": "10.0.0.1",
-                          "ansible_facts": {"revive_release": release(), "local": {"revive_frontdoor": applied()}}},
+                          "ansible_facts": {"revive_release": release(), "ansible_local": {"revive_frontdoor": applied()}}},
                 "node2": {"ansible_facts": {"revive_release": release(streams=8)}}}
     servers = frontdoor_servers(["node1", "node2"], hostvars, "0")
     assert [(s["name"], s["address"], s["maxconn"]) for s in servers] == [
         ("node1-vllm-0", "10.0.0.1", 32), ("node1-vllm-1", "10.0.0.1", 16),
         ("node2-vllm-0", "node2", 8), ("node2-vllm-1", "node2", 8)]
     assert frontdoor_servers(["node3"], {"node3": {}}) == []
+
+
+PLAYBOOK = """
+- name: The front door's servers from what Ansible itself gathers
+  hosts: node1
+  gather_facts: false
+  tasks:
+    - name: Read the local facts as roles/frontdoor does (its fact path is the default /etc/ansible/facts.d)
+      ansible.builtin.setup:
+        gather_subset: ["!all", "!min", local]
+        fact_path: "{{ fact_dir }}"
+    # The preflight's vllm_plan returns revive_release as a fact; here it joins the gathered ones.
+    - name: Show the servers
+      ansible.builtin.debug:
+        msg: >-
+          {{ ['node1'] | frontdoor_servers({'node1': {'ansible_facts': hostvars['node1'].ansible_facts
+                                                       | combine({'revive_release': release})}}) }}
+"""
+
+
+def test_the_filter_finds_a_limit_in_the_facts_ansible_really_gathers(tmp_path):
+    # The shape of hostvars comes from a real setup run, not from this file: local facts stay `ansible_local`
+    # inside ansible_facts (the filter read `local` once, and a bench limit never reached the front door).
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "facts").mkdir()
+    (tmp_path / "facts" / "revive_frontdoor.fact").write_text(json.dumps(applied(maxconn=5)))
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    extra = {"fact_dir": str(tmp_path / "facts"), "release": release()}
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(repo / "filter_plugins"),
+               ANSIBLE_MODULE_UTILS=str(repo / "module_utils"), ANSIBLE_INJECT_FACT_VARS="false",
+               ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "node1,", "-c", "local",
+                           str(tmp_path / "play.yml"), "--extra-vars", json.dumps(extra)],
+                          capture_output=True, text=True, env=env, check=False, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    tasks = {t["task"]["name"]: t["hosts"]["node1"] for t in json.loads(done.stdout)["plays"][0]["tasks"]}
+    servers = tasks["Show the servers"]["msg"]
+    assert [(s["name"], s["maxconn"], s["source"]) for s in servers] == [
+        ("node1-vllm-0", 5, "measured by 20261201T2200Z"), ("node1-vllm-1", 16, "the plan's streams per replica")]
