@@ -32,20 +32,26 @@ unit: venv fakenvml
 lint: venv
 	$(ACT) ansible-lint
 
-# The full output goes to .molecule.log too; on failure bin/last-failure repeats the last failed task after the
-# recap, where a CI log's tail shows it.
+# Every scenario, in streams side by side (bin/molecule-streams): the fleet, which mostly waits on its lab's
+# services and clients, beside the others one after the other. Each scenario's output goes to
+# .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when the streams have ended, then
+# bin/last-failure repeats each failed scenario's last failed task, where a CI log's tail shows it.
+MOLECULE_STREAMS := fleet default,fleet_preflight,model_sync
+
+# The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
 molecule: venv fakenvml
-	@echo "molecule test --all (full output also in .molecule.log)"
-	@set -o pipefail; $(ACT) molecule test --all 2>&1 | tee .molecule.log || { bin/last-failure .molecule.log; exit 1; }
+	$(ACT) bin/lab wheelhouse
+	@$(ACT) bin/molecule-streams $(MOLECULE_STREAMS)
 
 # ansible-lint (one process, ~2 CPU-minutes) runs beside Molecule, whose scenarios mostly wait on the lab's services;
 # its output goes to .lint.log and is shown after Molecule's. Either failing fails the target.
 test: unit
-	@echo "ansible-lint beside Molecule (output in .lint.log, shown at the end); molecule test --all (full output also in .molecule.log)"
+	@echo "ansible-lint beside Molecule (output in .lint.log, shown at the end); Molecule streams: $(MOLECULE_STREAMS)"
+	@$(ACT) bin/lab wheelhouse
 	@$(ACT) { ansible-lint > .lint.log 2>&1 & lint=$$!; \
-	  set -o pipefail; molecule test --all 2>&1 | tee .molecule.log; mol=$$?; \
+	  bin/molecule-streams $(MOLECULE_STREAMS); mol=$$?; \
 	  wait $$lint; lint_rc=$$?; echo "--- ansible-lint (exit $$lint_rc)"; cat .lint.log; \
-	  if [ $$mol -ne 0 ]; then bin/last-failure .molecule.log; exit 1; fi; exit $$lint_rc; }
+	  if [ $$mol -ne 0 ]; then cat .molecule-tail.txt; exit 1; fi; exit $$lint_rc; }
 
 demo: venv fakenvml
 	$(ACT) bin/lab up

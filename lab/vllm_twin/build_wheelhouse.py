@@ -36,6 +36,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -240,8 +241,20 @@ def lock_path(dest: Path, version: str, python: str) -> Path:
     return dest / "locks" / f"vllm-{version}-py{python}.txt"
 
 
+def replace_if_changed(path: Path, data: bytes) -> None:
+    """Write `path` only when its bytes differ, through a temporary file and a rename: labs of several Molecule
+    scenarios share the wheelhouse and copy from it while another scenario's create runs this builder, so a file
+    is never seen half-written and an unchanged one is not touched."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
+
+
 def write_lock(dest: Path, version: str, python: str) -> Path:
-    """`bin/revive lock --wheelhouse ...` (module_utils/revive_lockgen.py lock_wheelhouse) for one release."""
+    """`bin/revive lock --wheelhouse ...` (module_utils/revive_lockgen.py lock_wheelhouse) for one release; it
+    rewrites the lock only when it changes, through a rename (revive_lockgen.write_atomic)."""
     out = lock_path(dest, version, python)
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(REVIVE), "lock", "--wheelhouse", str(dest.resolve())]  # uv runs in a scratch directory
@@ -277,7 +290,7 @@ def build(dest: Path, releases: Sequence[str] = SIMULATED_RELEASES, locks: bool 
         if stale.name not in names:
             stale.unlink()
     for name, data in outputs:
-        (dest / name).write_bytes(data)
+        replace_if_changed(dest / name, data)
         written.append(name)
     downloaded = download_nvml(dest)
     if downloaded:

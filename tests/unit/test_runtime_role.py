@@ -19,6 +19,9 @@ DEBIAN_PYTHON = "/usr/bin/python3.11"  # roles/vllm_runtime/vars/Debian.yml
 SPEC_TASK = "Work out the venv's pins and name; check the interpreter against the release's Python pin"
 
 
+ASK_TASK = "Ask whether the release venv must be built (a kept venv needs no wheels)"
+COPY_TASK = "Copy this node's locked wheels from the controller (fleet cache or wheelhouse)"
+
 def run_role(repo, tmp_path, release: dict, *flags: str, **role_vars) -> tuple:
     (tmp_path / "release.json").write_text(json.dumps(release))
     params = {"vllm_runtime_release": "{{ lookup('ansible.builtin.file', '%s') | from_json }}" % (tmp_path / "release.json"),
@@ -93,6 +96,7 @@ def test_the_role_builds_the_release_venv_and_keeps_it(repo, tmp_path, release_w
     assert venv["path"] == f"{tmp_path}/venvs/{spec['name']}" and spec["name"].startswith("0.5.4-")
     assert (venv["python"], venv["vllm_version"], venv["changed"]) == (f"{venv['path']}/bin/python", "0.5.4+sim", True)
     built = tasks["Build the release venv"]
+    assert tasks[ASK_TASK]["changed"] is True and tasks[COPY_TASK]["changed"] is True
     assert built["distributions"]["vllm"] == "0.5.4+sim" and "vllm-flash-attn" not in built["distributions"]
     assert os.path.realpath(f"{venv['path']}/bin/python") == os.path.realpath(sys.executable)
 
@@ -100,6 +104,8 @@ def test_the_role_builds_the_release_venv_and_keeps_it(repo, tmp_path, release_w
                                   vllm_runtime_python=sys.executable)
     assert (code, stats["changed"]) == (0, 0), tasks
     assert tasks["Build the release venv"]["decision"] == "unchanged"
+    # The kept venv needs no wheels: the second run asks first and copies none (the first one copied them).
+    assert tasks[ASK_TASK]["changed"] is False and tasks[COPY_TASK].get("skipped") is True, tasks[COPY_TASK]
 
 
 def test_old_venvs_go_but_not_the_recorded_ones(repo, tmp_path, release_wheelhouse):
@@ -176,6 +182,7 @@ def test_the_fleet_cache_downloads_each_wheel_once_and_the_node_installs_from_it
     assert "fleet cache" in json.dumps(tasks["Show the download's progress"])
     assert len([r for r in fake_index.file_requests() if r["path"].endswith(".whl")]) == 2
     built = tasks["Build the release venv"]
+    assert tasks[ASK_TASK]["changed"] is True and tasks[COPY_TASK]["changed"] is True
     assert built["distributions"]["vllm"] == "0.5.4+sim"
     assert "--find-links" in built["pip_argv"] and str(node) in built["pip_argv"]
 

@@ -7,6 +7,7 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -149,3 +150,17 @@ def test_the_wheelhouse_locks_install_on_a_node_with_the_nodes_argv(tmp_path):
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: api_server.py [-h] [--host HOST] [--port PORT]")
     assert "--disable-log-requests" in helped.stdout and "--swap-space SWAP_SPACE" in helped.stdout
+
+
+def test_a_wheel_is_rewritten_only_when_its_bytes_change_and_never_in_place(tmp_path):
+    # Scenarios side by side share the lab wheelhouse: a create re-running the builder must not touch a wheel that
+    # another lab's node is copying, and a changed one arrives whole (a new inode through a rename).
+    wheel = tmp_path / "w.whl"
+    build_wheelhouse.replace_if_changed(wheel, b"one")
+    first = wheel.stat()
+    os.utime(wheel, (1_700_000_000, 1_700_000_000))
+    build_wheelhouse.replace_if_changed(wheel, b"one")
+    assert wheel.stat().st_mtime == 1_700_000_000 and wheel.stat().st_ino == first.st_ino
+    build_wheelhouse.replace_if_changed(wheel, b"two")
+    assert wheel.read_bytes() == b"two" and wheel.stat().st_ino != first.st_ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.whl"]

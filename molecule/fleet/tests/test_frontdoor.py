@@ -2,6 +2,10 @@
 across a reload."""
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from lab_testinfra import lab_hosts
 
 testinfra_hosts = lab_hosts("lb")
@@ -37,8 +41,11 @@ def test_haproxy_is_enabled_running_and_its_configuration_valid(host):
         assert f"    {line}\n" in config, line
     for name in expected_servers():
         assert f"    server {name} " in config and f"{name} " in config
-    # every replica: the plan's 16 streams (<= --max-num-seqs 64), and in maintenance until handed over
-    assert config.count(" maxconn 16 disabled\n") == len(expected_servers())
+    # every replica: the limit the last bench applied (side_effect.yml's last step; the plan's 16 streams before it,
+    # <= --max-num-seqs 64), and in maintenance until handed over
+    results = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "fleet-results.json").read_text())
+    assert results["frontdoor_maxconn"] >= 1
+    assert config.count(f" maxconn {results['frontdoor_maxconn']} disabled\n") == len(expected_servers()), config
 
 
 def test_every_replica_serves_after_the_rolls(host):
