@@ -3,6 +3,12 @@
 on, else frontdoor_server_maxconn, else the plan's streams; never above --max-num-seqs; every source said."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from ansible.module_utils.revive_frontdoor import backend_servers, frontdoor_servers
 
 ARGS = ["--model", "/srv/models/m", "--port", "8000", "--max-num-seqs", "64"]
@@ -101,12 +107,6 @@ PLAYBOOK = """
 def test_the_filter_finds_a_limit_in_the_facts_ansible_really_gathers(tmp_path):
     # The shape of hostvars comes from a real setup run, not from this file: local facts stay `ansible_local`
     # inside ansible_facts (the filter read `local` once, and a bench limit never reached the front door).
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     (tmp_path / "facts").mkdir()
     (tmp_path / "facts" / "revive_frontdoor.fact").write_text(json.dumps(applied(maxconn=5)))
