@@ -11,7 +11,7 @@ ACT := source $(VENV)/bin/activate &&
 help:
 	@echo "make demo   bring the lab up and run site.yml against it"
 	@echo "make test   unit tests, ansible-lint, Molecule scenarios on the lab"
-	@echo "make bench  long benchmarks (prints numbers)"
+	@echo "make bench  long benchmarks (prints numbers; one brings up a lab and syncs a 40 GB sparse model)"
 	@echo "make check-runtime  install the locked vLLM releases into fresh venvs (~7.6 GB per Python) and run them"
 
 $(STAMP): requirements.txt bin/find-python

@@ -59,9 +59,14 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("profiles", help="list the GPU profiles (lab/profiles/*.json)")
 
     sub.add_parser("wheelhouse", help="download the wheels the roles copy to nodes into .lab/wheelhouse (once)")
-    seed = sub.add_parser("seed-model", help="put the lab model (a tiny fixture) on the model-store host")
+    seed = sub.add_parser("seed-model", help="put the lab model on the model-store host")
     seed.add_argument("--name", default=prepare.MODEL_NAME, help=f"default {prepare.MODEL_NAME}")
     seed.add_argument("--revision", default=prepare.MODEL_REVISION, help=f"default {prepare.MODEL_REVISION}")
+    seed.add_argument("--fixture", default=prepare.MODEL_FIXTURE,
+                      help=f"a model of tests/fixtures/models.py (default {prepare.MODEL_FIXTURE})")
+    seed.add_argument("--size", choices=["tiny", "sparse"], default="tiny",
+                      help="tiny (~10 MB of zeros) or sparse (the real size in sparse files: no disk, but a "
+                           "sync moves every byte)")
     return p
 
 
@@ -94,7 +99,7 @@ def main(argv: list[str]) -> int:
             lab = state.load(paths.state_dir)
             if lab is None or not fleet.lab_is_running(lab):
                 raise LabError(f"no running lab in {paths.state_dir}; start one with `bin/lab up`")
-            prepare.seed_model(lab, args.name, args.revision)
+            prepare.seed_model(lab, args.name, args.revision, fixture=args.fixture, size=args.size)
             return 0
         if args.command == "profiles":
             print("\n".join(known_profiles(fleet.PROFILES_DIR)))

@@ -71,14 +71,28 @@ def build_wheelhouse(dest: Path = WHEELHOUSE, log=print) -> Path:
     return dest
 
 
-def _same_tree(a: Path, b: Path) -> bool:
+def _same_tree(a: Path, b: Path, head_only: bool = False) -> bool:
+    """Same file names and bytes; ``head_only``: same sizes and first MiB (a sparse fixture's header and config,
+    whose zeros a byte-wise comparison would read by the 40 GB)."""
     if sorted(p.name for p in a.iterdir()) != sorted(p.name for p in b.iterdir()):
         return False
-    return all(filecmp.cmp(a / name.name, b / name.name, shallow=False) for name in a.iterdir())
+    if not head_only:
+        return all(filecmp.cmp(a / name.name, b / name.name, shallow=False) for name in a.iterdir())
+    for name in a.iterdir():
+        if (a / name.name).stat().st_size != (b / name.name).stat().st_size:
+            return False
+        with open(a / name.name, "rb") as fa, open(b / name.name, "rb") as fb:
+            if fa.read(1 << 20) != fb.read(1 << 20):
+                return False
+    return True
 
 
-def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVISION, log=print) -> Path:
-    """Write the lab model into the running model-store host's root; returns its path on that host."""
+def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVISION, log=print,
+               fixture: str = MODEL_FIXTURE, size: str = "tiny") -> Path:
+    """Write the lab model into the running model-store host's root; returns its path on that host.
+
+    ``size="sparse"`` writes the fixture at its real dimensions in sparse files (tests/fixtures/models.py): a 20B
+    model occupies no disk at the store, but model_sync moves (and hashes) every byte of it onto the node."""
     store = lab.host(MODEL_STORE)
     if store is None:
         raise LabError(f"this lab has no {MODEL_STORE} host (support hosts: "
@@ -92,10 +106,10 @@ def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVI
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{revision}.", dir=parent))
     try:
-        write_model(str(staging), MODEL_FIXTURE, size="tiny", dtype="F16")
+        write_model(str(staging), fixture, size=size, dtype="F16")
         for path in [staging, *staging.iterdir()]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        if dest.is_dir() and _same_tree(staging, dest):
+        if dest.is_dir() and _same_tree(staging, dest, head_only=size == "sparse"):
             log(f"lab: {MODEL_STORE}:{on_host} already holds the lab model")
             return Path(on_host)
         if dest.exists():
@@ -104,5 +118,5 @@ def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVI
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    log(f"lab: seeded {MODEL_STORE}:{on_host} ({MODEL_FIXTURE} tiny fixture, FP16)")
+    log(f"lab: seeded {MODEL_STORE}:{on_host} ({fixture} {size} fixture, FP16)")
     return Path(on_host)

@@ -82,3 +82,28 @@ def test_seed_model_replaces_a_model_that_differs(tmp_path):
 def test_seed_model_needs_a_model_store_host(tmp_path):
     with pytest.raises(LabError, match=r"this lab has no model-store host \(support hosts: none\)"):
         prepare.seed_model(lab_with_store(tmp_path, support=()))
+
+
+def test_seed_model_sparse_writes_the_full_size_model_without_disk_and_compares_it_by_head(tmp_path):
+    """The field notes' 20B deployment in the lab (bench/field_notes_lab_test.py): full size, no disk, and a second
+    seed that does not read 40 GB of holes to find it unchanged - but a changed header is still found."""
+    lab = lab_with_store(tmp_path)
+    said = []
+    prepare.seed_model(lab, "chat-20b", "rev1", log=said.append, fixture="internlm2-chat-20b", size="sparse")
+    model_dir = tmp_path / "model-store/srv/models/chat-20b/rev1"
+    facts = inspect_model(str(model_dir))
+    shards = sorted(model_dir.glob("*.safetensors"))
+    apparent = sum(p.stat().st_size for p in shards)
+    assert facts["weight_bytes"] > 39e9 and apparent > 39e9
+    assert sum(p.stat().st_blocks * 512 for p in shards) < 10 * 2 ** 20
+    assert said == ["lab: seeded model-store:/srv/models/chat-20b/rev1 (internlm2-chat-20b sparse fixture, FP16)"]
+
+    prepare.seed_model(lab, "chat-20b", "rev1", log=said.append, fixture="internlm2-chat-20b", size="sparse")
+    assert said[-1] == "lab: model-store:/srv/models/chat-20b/rev1 already holds the lab model"
+
+    with open(shards[0], "r+b") as shard:
+        shard.seek(9)
+        shard.write(b"X")
+    prepare.seed_model(lab, "chat-20b", "rev1", log=said.append, fixture="internlm2-chat-20b", size="sparse")
+    assert said[-1].startswith("lab: seeded ")
+    assert inspect_model(str(model_dir))["weight_bytes"] == facts["weight_bytes"]
