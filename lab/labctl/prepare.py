@@ -71,20 +71,21 @@ def build_wheelhouse(dest: Path = WHEELHOUSE, log=print) -> Path:
     return dest
 
 
+def _same_file(a: Path, b: Path, head_only: bool) -> bool:
+    if not head_only:
+        return filecmp.cmp(a, b, shallow=False)
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read(1 << 20) == fb.read(1 << 20)
+
+
 def _same_tree(a: Path, b: Path, head_only: bool = False) -> bool:
-    """Same file names and bytes; ``head_only``: same sizes and first MiB (a sparse fixture's header and config,
-    whose zeros a byte-wise comparison would read by the 40 GB)."""
+    """Same file names and bytes; ``head_only``: same sizes and first MiB of each file (a sparse fixture's headers
+    and configs: a byte-wise comparison would read its 40 GB of holes)."""
     if sorted(p.name for p in a.iterdir()) != sorted(p.name for p in b.iterdir()):
         return False
-    if not head_only:
-        return all(filecmp.cmp(a / name.name, b / name.name, shallow=False) for name in a.iterdir())
-    for name in a.iterdir():
-        if (a / name.name).stat().st_size != (b / name.name).stat().st_size:
-            return False
-        with open(a / name.name, "rb") as fa, open(b / name.name, "rb") as fb:
-            if fa.read(1 << 20) != fb.read(1 << 20):
-                return False
-    return True
+    return all(_same_file(path, b / path.name, head_only) for path in a.iterdir())
 
 
 def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVISION, log=print,
@@ -98,7 +99,11 @@ def seed_model(lab: LabState, name: str = MODEL_NAME, revision: str = MODEL_REVI
         raise LabError(f"this lab has no {MODEL_STORE} host (support hosts: "
                        f"{', '.join(lab.shape.support_hosts) or 'none'}); `bin/lab up` with it first")
     sys.path.insert(0, str(REPO / "tests"))
-    from fixtures.models import write_model
+    from fixtures.models import MODEL_CONFIGS, write_model
+
+    if fixture not in MODEL_CONFIGS:
+        raise LabError(f"unknown model fixture {fixture!r}: give one of {', '.join(sorted(MODEL_CONFIGS))} "
+                       "(tests/fixtures/models.py)")
 
     parent = Path(store.root) / MODEL_STORE_ROOT / name
     dest = parent / revision

@@ -107,3 +107,9 @@ def test_seed_model_sparse_writes_the_full_size_model_without_disk_and_compares_
     prepare.seed_model(lab, "chat-20b", "rev1", log=said.append, fixture="internlm2-chat-20b", size="sparse")
     assert said[-1].startswith("lab: seeded ")
     assert inspect_model(str(model_dir))["weight_bytes"] == facts["weight_bytes"]
+
+
+def test_seed_model_refuses_an_unknown_fixture_before_writing_anything(tmp_path):
+    with pytest.raises(LabError, match=r"unknown model fixture 'nope': give one of .*internlm2-chat-20b"):
+        prepare.seed_model(lab_with_store(tmp_path), fixture="nope")
+    assert not (tmp_path / "model-store/srv/models").exists()
