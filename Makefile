@@ -6,12 +6,14 @@ VENV := .venv
 STAMP := $(VENV)/.stamp
 ACT := source $(VENV)/bin/activate &&
 
-.PHONY: help venv fakenvml unit lint molecule test demo bench check-runtime lab-up lab-down clean
+.PHONY: help venv fakenvml unit lint molecule test demo bench bench-guidellm guidellm-venv check-runtime lab-up \
+	lab-down clean
 
 help:
 	@echo "make demo   bring the lab up and run site.yml against it"
 	@echo "make test   unit tests, ansible-lint, Molecule scenarios on the lab"
 	@echo "make bench  long benchmarks (prints numbers; one brings up a lab and syncs a 40 GB sparse model)"
+	@echo "make bench-guidellm  GuideLLM against revive bench on one twin (part of make bench; ~5.6 GB venv)"
 	@echo "make check-runtime  install the locked vLLM releases into fresh venvs (~7.6 GB per Python) and run them"
 
 $(STAMP): requirements.txt bin/find-python
@@ -58,7 +60,25 @@ demo: venv fakenvml
 	$(ACT) bin/lab wheelhouse && bin/lab seed-model
 	$(ACT) ansible-playbook -i inventory/lab site.yml
 
-bench: venv fakenvml
+# GuideLLM, for the agreement benchmark only (bench/guidellm_agreement_test.py): its own venv from its hash lock,
+# wheels only, nothing resolved here (~5.6 GB: GuideLLM depends on torch). Never installed on a node.
+GUIDELLM_VENV := .venv-guidellm
+GUIDELLM_LOCK := data/locks/guidellm-bench.txt
+
+$(GUIDELLM_VENV)/.stamp: $(GUIDELLM_LOCK) $(STAMP)
+	@py=$$(bin/find-python) || exit 1; rm -rf $(GUIDELLM_VENV) && $$py -m venv $(GUIDELLM_VENV)
+	$(VENV)/bin/uv --no-config pip install --python $(GUIDELLM_VENV)/bin/python --require-hashes --no-deps \
+	  --only-binary :all: --index-url https://pypi.org/simple -r $(GUIDELLM_LOCK)
+	@echo "$(GUIDELLM_VENV): $$(grep -c '^[a-z0-9].*==' $(GUIDELLM_LOCK)) distributions of $(GUIDELLM_LOCK)," \
+	  "$$(du -sh $(GUIDELLM_VENV) | cut -f1) on disk; $$($(GUIDELLM_VENV)/bin/guidellm --version)"
+	@touch $@
+
+guidellm-venv: $(GUIDELLM_VENV)/.stamp
+
+bench-guidellm: venv fakenvml guidellm-venv
+	$(ACT) python -m pytest -q -s bench/guidellm_agreement_test.py
+
+bench: venv fakenvml guidellm-venv
 	$(ACT) python -m pytest -q -s bench
 
 # Not part of `make test`: downloads the real wheels (tools/README.md). CHECK_RUNTIME_ARGS="--fresh" rebuilds.
@@ -73,4 +93,4 @@ lab-down: venv
 
 clean:
 	-$(MAKE) -C lab/fakenvml clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(GUIDELLM_VENV)

@@ -2,10 +2,11 @@
 
     revive bench --url URL[,URL...] --model NAME [--concurrency 8,16,32,64] [--duration S] [--warmup S]
                  [--max-tokens 200] [--slo-e2e-p95 12] --out DIR [--json] [--api-key KEY] [--chat] [--ignore-eos]
-                 [--rate R] [--prompts FILE] [--prompt-tokens N] [--tokenizer FILE] [--seed N] [--timeout S]
-                 [--time-scale auto|X] [--exclude-queue]
+                 [--rate R [--arrivals poisson|constant]] [--prompts FILE] [--prompt-tokens N] [--tokenizer FILE]
+                 [--seed N] [--timeout S] [--time-scale auto|X] [--exclude-queue]
 
-Each level is a closed loop of N requests in flight (or, with --rate, Poisson arrivals with N as the cap),
+Each level is a closed loop of N requests in flight (or, with --rate, Poisson or evenly spaced arrivals with N as
+the cap),
 `--warmup` seconds not measured, then `--duration` seconds measured; requests still in flight at the end are
 waited for but not measured. Every level gets a verdict (PASS / FAIL / INCONCLUSIVE / INVALID, docs/bench.md);
 --out gets requests.jsonl, summary.json, levels.csv and report.md. Progress goes to stderr: a live table (rich) on a
@@ -102,7 +103,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="bearer token (default: $REVIVE_API_KEY)")
     parser.add_argument("--chat", action="store_true", help="/v1/chat/completions instead of /v1/completions")
     parser.add_argument("--ignore-eos", action="store_true", help="answers run to max_tokens (early EOS is gated)")
-    parser.add_argument("--rate", type=positive, help="open loop: Poisson arrivals per (wall) second")
+    parser.add_argument("--rate", type=positive, help="open loop: arrivals per (wall) second")
+    parser.add_argument("--arrivals", choices=("poisson", "constant"),
+                        help="with --rate: Poisson arrivals (seeded; the default) or one every 1/rate seconds")
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL of prompts (default: bundled)")
     parser.add_argument("--prompt-tokens", type=_number(int, 0, True), default=256,
                         help="trim prompts to this many tokens (default 256; approximate without --tokenizer)")
@@ -133,6 +136,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         parser.error(f"argument --concurrency: a level appears twice in {','.join(map(str, args.concurrency))}")
     if args.confidence >= 1:
         parser.error(f"argument --confidence: {args.confidence:g} must be < 1")
+    if args.arrivals and not args.rate:
+        parser.error(f"argument --arrivals: {args.arrivals} arrivals need --rate (arrivals per second); a level "
+                     "without --rate is a closed loop")
     return args
 
 
@@ -248,7 +254,8 @@ def main(argv: List[str]) -> int:
                       min_achieved_share=args.min_achieved, max_error_rate=args.max_error_rate,
                       max_early_eos_share=args.max_early_eos),
         kind="chat" if args.chat else "completions", api_key=args.api_key, ignore_eos=args.ignore_eos,
-        rate=args.rate, seed=args.seed, timeout=args.timeout, connect_timeout=args.connect_timeout,
+        rate=args.rate, arrivals=args.arrivals or "poisson", seed=args.seed, timeout=args.timeout,
+        connect_timeout=args.connect_timeout,
         confidence=args.confidence, node_observations=observations, time_scale=args.time_scale,
         exclude_queue=args.exclude_queue)
     live = progress_reporter()

@@ -1,4 +1,5 @@
-"""Load levels: closed loop (N workers, each send -> read to the end -> send) or open loop (Poisson arrivals).
+"""Load levels: closed loop (N workers, each send -> read to the end -> send) or open loop (Poisson arrivals, or
+evenly spaced ones: LevelConfig.arrivals "constant", the same schedule on every run and with any client).
 
 A level runs `warmup + duration` seconds from its start. Its measured window is [start + warmup, start + warmup +
 duration]; a request counts in the statistics when it was sent inside the window and ended inside it. Requests
@@ -42,7 +43,8 @@ class LevelConfig:
     max_tokens: int
     timeout: float
     connect_timeout: float = 10.0
-    rate: Optional[float] = None          # open loop: Poisson arrivals per second (concurrency is then a cap)
+    rate: Optional[float] = None          # open loop: arrivals per second (concurrency is then a cap)
+    arrivals: str = "poisson"             # open loop: "poisson" (seeded) or "constant" (every 1/rate seconds)
     ignore_eos: bool = False
     kind: str = "completions"
     seed: int = 0
@@ -131,7 +133,8 @@ async def run_level(workload: Workload, config: LevelConfig,
         arrival = start
         tasks = []
         while True:
-            arrival += rng.expovariate(config.rate or 1.0)
+            arrival += (1.0 / (config.rate or 1.0) if config.arrivals == "constant"
+                        else rng.expovariate(config.rate or 1.0))
             if arrival >= window_end:
                 break
             await asyncio.sleep(max(0.0, arrival - clock()))

@@ -37,6 +37,7 @@ class Options:
     api_key: str = ""
     ignore_eos: bool = False
     rate: Optional[float] = None
+    arrivals: str = "poisson"            # with rate: "poisson" or "constant" (load.LevelConfig)
     seed: int = 0
     timeout: float = 120.0
     connect_timeout: float = 10.0
@@ -106,6 +107,7 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
         config = LevelConfig(concurrency=concurrency, duration=options.duration, warmup=options.warmup,
                              max_tokens=options.max_tokens, timeout=options.timeout,
                              connect_timeout=options.connect_timeout, rate=options.rate,
+                             arrivals=options.arrivals,
                              ignore_eos=options.ignore_eos, kind=options.kind, seed=options.seed,
                              confidence=options.confidence, time_scale=scale,
                              exclude_queue=options.exclude_queue)
@@ -125,7 +127,8 @@ async def run(options: Options, progress: Optional[Callable[[Dict[str, Any]], No
         "model": options.model,
         "targets": [t.label for t in options.targets],
         "endpoint": options.kind,
-        "mode": f"open loop, Poisson {options.rate:g}/s (concurrency = cap)" if options.rate else "closed loop",
+        "mode": (f"open loop, {'evenly spaced' if options.arrivals == 'constant' else 'Poisson'} {options.rate:g}/s "
+                 "(concurrency = cap)") if options.rate else "closed loop",
         "max_tokens": options.max_tokens, "ignore_eos": options.ignore_eos,
         "duration_s": options.duration, "warmup_s": options.warmup, "seed": options.seed,
         "simulation": simulation(scale, source, traits, options),

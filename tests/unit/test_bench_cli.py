@@ -57,6 +57,8 @@ def twin(tmp_path_factory):
     (["--node-observations", "/nonexistent.json"], "--node-observations /nonexistent.json: [Errno 2]"),
     (["--time-scale", "0"], "argument --time-scale: '0' must be > 0"),
     (["--time-scale", "fast"], "argument --time-scale: 'fast' is not a number"),
+    (["--arrivals", "constant"], "argument --arrivals: constant arrivals need --rate"),
+    (["--rate", "2", "--arrivals", "burst"], "argument --arrivals: invalid choice: 'burst'"),
 ])
 def test_bad_input_is_refused_naming_the_option(argv, words, tmp_path):
     done = bench("--url", "http://127.0.0.1:1", "--model", "m", "--out", str(tmp_path), *argv, timeout=30)

@@ -71,6 +71,17 @@ def test_a_seeded_open_loop_is_reproducible():
     assert min(lag) >= 0
 
 
+def test_constant_arrivals_are_evenly_spaced_and_the_same_without_a_seed():
+    with FakeServer(answer_for=lambda n, body: Answer(tokens=2)) as fake:
+        runs = [level([fake.port], concurrency=10, rate=20.0, duration=0.5, warmup=0.0, seed=seed,
+                      arrivals="constant") for seed in (1, 2)]
+    for run in runs:
+        scheduled = sorted(r["scheduled"] - run["window"][0] for r in run["records"])
+        assert scheduled == pytest.approx([0.05 * (k + 1) for k in range(len(scheduled))], abs=1e-6)
+        assert len(scheduled) in (9, 10)  # 0.05 ... 0.45 s, and 0.5 s when the sum rounds under the end
+        assert min(r["sent"] - r["scheduled"] for r in run["records"]) >= 0
+
+
 def test_summarize_at_a_time_scale_scales_latencies_and_throughput_not_the_client_or_the_records():
     """Hand-built records at scale 0.25: latencies 4x the wall ones, throughput per simulated second (wall rate x
     0.25), but the dispatch lag (the client's own) stays wall time, achieved concurrency is a ratio, and the records

@@ -234,6 +234,50 @@ def test_decode_slowdown_warmup_and_drift_knobs_are_reported(models, tmp_path):
         twin.stop()
 
 
+def test_answer_median_spreads_the_answers_and_is_reported(models, tmp_path):
+    """VLLM_SIM_ANSWER_MEDIAN (a baseline setting, not a fault): answers end by EOS around it; the default (700)
+    runs every answer to the field notes' max_tokens 200; ignore_eos still runs to max_tokens; a bad value stops
+    the twin with exit 2."""
+    def answers(twin, count, ignore_eos=False):
+        lengths, reasons = [], []
+        for i in range(count):
+            request = {"model": "m", "prompt": f"question {i}: how do I drain a node?", "max_tokens": 200,
+                       "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+            result = harness.stream(twin, "/v1/completions", request)
+            chunks = result.chunks()
+            lengths.append(chunks[-1]["usage"]["completion_tokens"])
+            reasons.append(next(c["choices"][0]["finish_reason"] for c in chunks
+                                if c["choices"] and c["choices"][0].get("finish_reason")))
+        return sorted(lengths), reasons
+
+    for name in ("default", "short", "bad"):
+        (tmp_path / name).mkdir()
+    default = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "default", scale=0.002)
+    try:
+        assert json.loads(harness.request(default, "GET", "/version")[2])["twin"]["answer_length"] == \
+            {"median": 700.0, "sigma": 0.4}
+        lengths, reasons = answers(default, 10)
+        assert lengths == [200] * 10 and set(reasons) == {"length"}
+    finally:
+        default.stop()
+    short = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "short", scale=0.002,
+                  env={"VLLM_SIM_ANSWER_MEDIAN": "30"})
+    try:
+        assert json.loads(harness.request(short, "GET", "/version")[2])["twin"]["answer_length"]["median"] == 30.0
+        assert "answers log-normal around 30 tokens (VLLM_SIM_ANSWER_MEDIAN)" in short.log()
+        lengths, reasons = answers(short, 30)
+        assert set(reasons) == {"stop"} and len(set(lengths)) > 10, lengths
+        assert 15 <= lengths[len(lengths) // 2] <= 60 and max(lengths) < 200, lengths
+        lengths, reasons = answers(short, 3, ignore_eos=True)
+        assert lengths == [200] * 3 and set(reasons) == {"length"}
+    finally:
+        short.stop()
+    bad = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path / "bad", env={"VLLM_SIM_ANSWER_MEDIAN": "0"},
+                wait=False)
+    assert bad.process.wait(30) == 2
+    assert "VLLM_SIM_ANSWER_MEDIAN='0': expected a number of tokens between 1 and 131072" in bad.log()
+
+
 def test_startup_failure_after_model_load(models, tmp_path):
     started = time.monotonic()
     twin = start(models["20b"], harness.FIELD_NOTES_FLAGS + IN_PROCESS, tmp_path, scale=0.01,

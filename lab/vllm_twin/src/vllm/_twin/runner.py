@@ -51,7 +51,8 @@ class Runner:
     # --- requests -----------------------------------------------------------------------------------
     def add(self, request_id: str, prompt_len: int, params: SamplingParams,
             sink: Callable[[SequenceGroup, List[TokenEvent]], None], prompt_key: int) -> SequenceGroup:
-        group = self.engine.add_request(request_id, prompt_len, params, time.monotonic(), sink, prompt_key)
+        group = self.engine.add_request(request_id, prompt_len, params, time.monotonic(), sink, prompt_key,
+                                        answer_median=self.settings.answer_median)
         self.wake.set()
         return group
 

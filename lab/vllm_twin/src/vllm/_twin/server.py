@@ -157,7 +157,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                  "data/vllm-releases.yml cli.complete: false): other flags of the real release exit 2 here")
     vlog.sim(f"time scale {settings.time_scale} (VLLM_SIM_TIME_SCALE), cold start over "
              f"{settings.effective_cold_start_requests()} requests x{settings.cold_start_factor}, "
-             f"env file {settings.env_file or 'none'}")
+             f"env file {settings.env_file or 'none'}, answers log-normal around {settings.answer_median:g} tokens "
+             "(VLLM_SIM_ANSWER_MEDIAN)")
     faults = settings.faults()
     vlog.sim("fault knobs in effect: " + (", ".join(f"{k}={v}" for k, v in faults.items()) if faults else "none"))
     vlog.info(pick("api_server.py:340", "api_server.py:1044"), f"args: {args}")

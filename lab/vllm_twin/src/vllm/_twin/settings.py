@@ -11,11 +11,15 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
+from vllm._twin.tokens import ANSWER_LENGTH_MEDIAN, ANSWER_LENGTH_SIGMA
+
 ENV_FILE_VARIABLE = "VLLM_SIM_ENV_FILE"
 DEFAULT_ENV_FILE = "/etc/vllm-sim/twin.env"
 
 DEFAULT_COLD_START_REQUESTS = 20
 DEFAULT_COLD_START_FACTOR = 4.0
+# VLLM_SIM_ANSWER_MEDIAN's upper end: a median answer longer than any context the twin serves is a typo.
+MAX_ANSWER_MEDIAN = 131072
 
 
 class SettingsError(ValueError):
@@ -28,6 +32,7 @@ class Settings:
     time_scale: float = 1.0                   # VLLM_SIM_TIME_SCALE: every modelled duration x this
     cold_start_requests: int = DEFAULT_COLD_START_REQUESTS  # VLLM_SIM_COLD_START_REQUESTS
     cold_start_factor: float = DEFAULT_COLD_START_FACTOR    # VLLM_SIM_COLD_START_FACTOR
+    answer_median: float = ANSWER_LENGTH_MEDIAN  # VLLM_SIM_ANSWER_MEDIAN: tokens, EOS included
     utilization_file: str = "/run/fake-nvml/utilization.json"  # FAKE_NVML_UTILIZATION
     # fault knobs (issue 8)
     warmup_requests: Optional[int] = None     # VLLM_SIM_FAULT_WARMUP_REQUESTS: cold start lasts this long
@@ -64,6 +69,7 @@ class Settings:
         return {
             "time_scale": self.time_scale,
             "cold_start": {"requests": self.effective_cold_start_requests(), "factor": self.cold_start_factor},
+            "answer_length": {"median": self.answer_median, "sigma": ANSWER_LENGTH_SIGMA},
             "utilization_file": self.utilization_file,
             "env_file": self.env_file,
             "faults": self.faults(),
@@ -81,6 +87,7 @@ _VARIABLES: List[Tuple[str, str, str]] = [
     ("VLLM_SIM_TIME_SCALE", "time_scale", "positive_float"),
     ("VLLM_SIM_COLD_START_REQUESTS", "cold_start_requests", "non_negative_int"),
     ("VLLM_SIM_COLD_START_FACTOR", "cold_start_factor", "factor"),
+    ("VLLM_SIM_ANSWER_MEDIAN", "answer_median", "answer_length"),
     ("FAKE_NVML_UTILIZATION", "utilization_file", "text"),
     ("VLLM_SIM_FAULT_WARMUP_REQUESTS", "warmup_requests", "non_negative_int"),
     ("VLLM_SIM_FAULT_LATENCY_DRIFT", "latency_drift_per_minute", "non_negative_float"),
@@ -112,6 +119,8 @@ def _parse(variable: str, kind: str, raw: str):
         fail("a number")
     if kind == "positive_float" and not value > 0:
         fail("a number > 0")
+    if kind == "answer_length" and not 1 <= value <= MAX_ANSWER_MEDIAN:
+        fail(f"a number of tokens between 1 and {MAX_ANSWER_MEDIAN}")
     if kind in ("non_negative_int", "non_negative_float") and value < 0:
         fail("a number >= 0")
     if kind == "fraction" and not 0 <= value <= 1:
