@@ -34,7 +34,7 @@ def test_the_short_report_keeps_what_the_assertions_read_and_the_exit_code(tmp_p
     full = tmp_path / "runs" / "step.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), f"--full={full}", "--", str(Path(sys.executable).with_name("ansible-playbook")),
-         "-i", "localhost,", "-c", "local", str(playbook)],
+         "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
         capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 2, done.stderr
     short = json.loads(done.stdout)
