@@ -70,3 +70,48 @@ def test_the_command_prints_json_and_refuses_an_unknown_gpu_set(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--gpus p100-4x: not a file, not a lab profile" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+PROFILES = ("v100-pcie-8x", "dgx1-v100", "a100-sxm4-8x")
+# The sources of revive_plan.rules.release_for's refusals: what the matrix judges.
+RELEASE_RULES = ("data volta_support", "data releases", "data min_compute_capability", "data engine_by_cc",
+                 "data driver", "data kernels", "data installability", "data default_release_by_cc")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_release_plans_on_the_lab_profiles_or_is_refused_as_the_matrix_says(profile):
+    """Issue 14: every release of the data, pinned, plans the 20B on each lab profile (every replica's argv
+    parsing with that release's own table) or is refused - for the reason the matrix shows for that set."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.gpus import lab_facts, lab_ram_bytes  # type: ignore[import-not-found]
+    from fixtures.models import model_config  # type: ignore[import-not-found]
+    from ansible.module_utils.revive_model import model_from_config
+    from ansible.module_utils.revive_plan import Overrides, PackageSource, PlanRefusal, Serve, Workload, plan_release
+
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    facts = lab_facts(profile)
+    cells = {r["version"]: r["gpu_sets"][profile] for r in matrix(data, str(REPO / "data" / "locks"),
+                                                                   {profile: facts})["releases"]}
+    dtype = "BF16" if profile.startswith("a100") else "F16"
+    model = model_from_config(model_config("internlm2-chat-20b", dtype=dtype), "/data/models/chat-20b")
+    mirror = PackageSource("mirror", "https://pypi.internal.example/simple")
+    planned = []
+    for version in data.versions():
+        try:
+            result = plan_release(facts, model, data, Workload(), Overrides(vllm_version=version), Serve(),
+                                  lab_ram_bytes(profile), mirror)
+        except PlanRefusal as refusal:
+            # a release the matrix takes may still be refused for the model (fit, heads), never for the release
+            assert not cells[version]["ok"] or not refusal.source.startswith(RELEASE_RULES), (version, refusal.reason)
+            if not cells[version]["ok"]:
+                assert (refusal.reason, refusal.source) == (cells[version]["reason"], cells[version]["source"])
+                assert f"vLLM {version}" in refusal.reason
+            continue
+        assert cells[version]["ok"], (version, cells[version])
+        assert result["vllm_version"] == version
+        release = data.release(version)
+        for replica in result["replicas"]:
+            assert release.validate_argv(replica["args"]) == [], (version, replica["args"])
+        planned.append(version)
+    print(profile, "planned:", planned)
+    assert "0.8.5.post1" in planned and "0.5.4" in planned, planned
