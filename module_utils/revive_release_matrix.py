@@ -9,7 +9,7 @@ its lock needs a distribution PyPI removed).
 
 Per release: status, lowest CC, engine and attention backend on each CC of CCS, pins, locks (one per Python,
 complete or listing what is missing), PyPI installability with its reason and remedy, known issues (the
-refusal or experimental reasons the data gives, with their sources), and for each GPU set whether a pinned plan
+refusal and experimental reasons the planner gives on those CCs), and for each GPU set whether a pinned plan
 would take it and whether the planner picks it by default.
 """
 from __future__ import annotations
@@ -42,13 +42,13 @@ def _judge(data: ReleaseData, facts: Dict[str, Any], version: Optional[str],
             "attention_backend": release.attention_backend_for(gpus.cc), "warnings": decisions.warnings}
 
 
-def _cc_facts(cc: Tuple[int, int], driver_branch: int) -> Dict[str, Any]:
+def _cc_facts(cc: Tuple[int, int], driver_branch: int, cuda_driver: str) -> Dict[str, Any]:
     """A one-GPU set of compute capability `cc` on a driver new enough for every release (the cell judges the
     release against the CC; drivers are judged on the named GPU sets, whose facts carry their own)."""
     facts = synthetic_gpu_facts(1, 32, f"{cc[0]}.{cc[1]}")
     facts["driver_branch"] = driver_branch
     facts["driver_version"] = f"{driver_branch}.00"
-    facts["cuda_driver_version"] = "13.0"
+    facts["cuda_driver_version"] = cuda_driver
     return facts
 
 
@@ -69,14 +69,17 @@ def _locks(version: str, pythons: Sequence[str], lock_dir: str) -> List[Dict[str
 
 def matrix(data: ReleaseData, lock_dir: str, gpu_sets: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """The matrix as data (`revive releases --json`). `gpu_sets`: name -> GPU facts (nvml_facts' `gpu`)."""
-    newest_branch = max(int(data.release(v).driver["min_branch"]) for v in data.versions())
+    drivers = [data.release(v).driver for v in data.versions()]
+    newest_branch = max(int(d["min_branch"]) for d in drivers)
+    newest_cuda = max((str(d["cuda_driver_min"]) for d in drivers if d.get("cuda_driver_min")),
+                      key=lambda text: tuple(int(part) for part in text.split(".")), default="12.0")
     defaults = {name: _judge(data, facts, None, PackageSource()) for name, facts in gpu_sets.items()}
     rows = []
     for version in data.versions():
         release = data.release(version)
         by_cc = {}
         for cc in CCS:
-            cell = _judge(data, _cc_facts(cc, newest_branch), version)
+            cell = _judge(data, _cc_facts(cc, newest_branch, newest_cuda), version)
             by_cc[f"{cc[0]}.{cc[1]}"] = cell
         on_sets = {name: _judge(data, facts, version) for name, facts in gpu_sets.items()}
         lock = release.raw.get("lock") or {}
