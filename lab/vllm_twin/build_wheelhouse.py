@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -103,13 +104,17 @@ def release_entry(version: str, path: Path = RELEASES):
     return _module_utils("revive_releases").load_release_file(str(path)).release(version)
 
 
-def _release_module():
+def _twin_module(name: str):
     sys.path.insert(0, str(HERE / "src"))
     try:
-        from vllm._twin import release
+        module = importlib.import_module(f"vllm._twin.{name}")
     finally:
         sys.path.pop(0)
-    return release
+    return module
+
+
+def _release_module():
+    return _twin_module("release")
 
 
 def table_arguments(entry) -> List[Dict[str, Any]]:
@@ -118,27 +123,46 @@ def table_arguments(entry) -> List[Dict[str, Any]]:
     return [{key: raw[key] for key in keys if key in raw} for raw in entry.raw["cli"]["arguments"]]
 
 
-def check_behaviour(version: str, entry) -> None:
-    """The twin's switches for a release (vllm/_twin/release.py) agree with data/vllm-releases.yml. The
-    quantization table goes into the wheel from the data; only the checkout's release (0.5.4, which runs
-    without a release.json) must hold the same one."""
-    module = _release_module()
-    behaviour = module.BEHAVIOURS[version]
+def release_data(entry) -> Dict[str, Any]:
+    """The fields of the release's entry the twin follows (vllm/_twin/release.py ReleaseData), as release.json
+    holds them."""
     raw = entry.raw
-    expected = {
-        "metrics_need_disable_frontend_multiprocessing": raw["metrics_need_disable_frontend_multiprocessing"],
-        "request_logging_default": raw["request_logging_default"],
-        "swap_space_type": raw["swap_space_type"],
-        "kv_sizing": entry.kv_sizing_by_engine["V0"],
-        "paged_attention_head_sizes": tuple(raw["paged_attention_head_sizes"]),
-    }
+    return {"metrics_need_disable_frontend_multiprocessing": bool(raw["metrics_need_disable_frontend_multiprocessing"]),
+            "kv_sizing": entry.kv_sizing_by_engine["V0"],
+            "paged_attention_head_sizes": list(raw["paged_attention_head_sizes"]),
+            "quantization_min_cc": dict(entry.quantization_min_cc), "metrics": list(entry.metrics)}
+
+
+def check_behaviour(version: str, entry) -> None:
+    """The twin can simulate the release as data/vllm-releases.yml describes it: it has a Behaviour row for it
+    (vllm/_twin/release.py), the release's parser is table-driven only with a CLI table, every name of its
+    `metrics:` list is a family the twin knows for that release (vllm/_twin/metrics.py ERAS), and the
+    checkout's release data (0.5.4, which runs without a release.json) equals the data."""
+    module = _release_module()
+    if version not in module.BEHAVIOURS:
+        raise SystemExit(f"the twin has no behaviour for vLLM {version} (vllm/_twin/release.py BEHAVIOURS: "
+                         f"{', '.join(module.BEHAVIOURS)})")
+    behaviour = module.BEHAVIOURS[version]
+    if behaviour.parser == "table" and not entry.raw.get("cli", {}).get("arguments"):
+        raise SystemExit(f"data/vllm-releases.yml has no CLI table for {version}: the twin's parser is built from it")
+    metrics = _twin_module("metrics")
+    era = metrics.era_of(behaviour.metrics_era, version)
+    if not entry.metrics:
+        raise SystemExit(f"data/vllm-releases.yml lists no metrics for {version}: the twin serves exactly that list")
+    unknown = metrics.unknown_families(list(entry.metrics), era)
+    if unknown:
+        raise SystemExit(f"the twin cannot simulate {', '.join(unknown)} for vLLM {version}: data/vllm-releases.yml "
+                         f"lists it, vllm/_twin/metrics.py knows no such family in {version}'s vllm/engine/metrics.py "
+                         f"(ERAS[{era!r}])")
     if version == module.CHECKOUT_RELEASE:
-        expected["quantization_min_cc"] = dict(entry.quantization_min_cc)
-    wrong = [f"{key}: data/vllm-releases.yml says {value!r}, vllm/_twin/release.py {getattr(behaviour, key)!r}"
-             for key, value in expected.items() if getattr(behaviour, key) != value]
-    if wrong:
-        raise SystemExit(f"the twin's behaviour for {version} disagrees with the release data:\n  "
-                         + "\n  ".join(wrong))
+        expected = module.data_from(release_data(entry))
+        checkout = module.CHECKOUT_DATA
+        wrong = [f"{key}: data/vllm-releases.yml says {getattr(expected, key)!r}, vllm/_twin/release.py "
+                 f"CHECKOUT_DATA {getattr(checkout, key)!r}" for key in expected.__dataclass_fields__
+                 if getattr(expected, key) != getattr(checkout, key)]
+        if wrong:
+            raise SystemExit(f"the twin's checkout data for {version} disagrees with the release data:\n  "
+                             + "\n  ".join(wrong))
 
 
 def release_json(version: str, path: Path = RELEASES) -> bytes:
@@ -148,7 +172,7 @@ def release_json(version: str, path: Path = RELEASES) -> bytes:
     module = _release_module()
     table = module.BEHAVIOURS[version].parser == "table"
     release = module.make(version, table_arguments(entry) if table else None, entry.cli_complete if table else False,
-                          list(entry.metrics), dict(entry.quantization_min_cc))
+                          module.data_from(release_data(entry)))
     return (json.dumps(release.as_json(), indent=1, sort_keys=True) + "\n").encode()
 
 

@@ -91,7 +91,8 @@ def test_each_release_gets_its_twin_wheel_with_its_release_file_and_pins():
         "0.8.5.post1", "0.8.5.post1+sim", "table")
     entry = build_wheelhouse.release_entry("0.8.5.post1")
     assert release["cli"]["arguments"] == build_wheelhouse.table_arguments(entry)
-    assert release["behaviour"]["quantization_min_cc"] == entry.quantization_min_cc
+    assert release["data"]["quantization_min_cc"] == entry.quantization_min_cc
+    assert release["data"]["metrics"] == list(entry.metrics)
     with zipfile.ZipFile(io.BytesIO(build_wheelhouse.twin_wheel()[1])) as wheel:
         old = json.loads(wheel.read("vllm/_twin/release.json"))
     assert (old["release"], old["behaviour"]["parser"], old["cli"]["arguments"]) == ("0.5.4", "handwritten", [])

@@ -1,22 +1,30 @@
-"""`/metrics` as vLLM 0.5.4 exposes it: the text prometheus_client's generate_latest() writes.
+"""`/metrics` as the simulated release exposes it: the text prometheus_client's generate_latest() writes.
 
-Names, types, HELP texts, labels and buckets are 0.5.4's (v0.5.4 vllm/engine/metrics.py:31-183,
-docs/facts/vllm-volta.md §4.1). Like prometheus_client, a labelled series appears only once
-something set it: gauges and counters at the first stats log (every engine step, and every 10 s from the
-API server), histograms at their first observation. `_created` series are disabled, as in 0.5.4.
+Which families are served is the release's `metrics:` list of data/vllm-releases.yml (release.json `data`),
+in its order; the twin knows every V0 family of the releases it simulates (FAMILIES: type and HELP as the
+release source has them) and which of them each release's vllm/engine/metrics.py shows by default (ERAS); a
+wheel whose data names a family the twin does not know for that release is not built
+(build_wheelhouse.check_metrics). Buckets follow the release (bucket_bounds):
+* "0.5.4": v0.5.4 vllm/engine/metrics.py:31-183 (docs/facts/vllm-volta.md §4.1);
+* "0.6" and "0.7": v0.6.6.post1:vllm/engine/metrics.py:54-275 and v0.7.3:vllm/engine/metrics.py:56-262 (the
+  0.5.4 TTFT/TPOT buckets, request latencies from 0.3 s to 60 s, the iteration-token histogram over the
+  CUDA-graph capture sizes, or 1..8096 in eager mode; 0.7.3 drops the avg_* gauges);
+* "0.8": v0.8.5.post1:vllm/engine/metrics.py:49-297 and v0.9.2:vllm/engine/metrics.py:49-226 (longer TTFT,
+  TPOT and latency buckets, iteration tokens 1..16384; the swapped/CPU-cache/prefix-hit-rate gauges,
+  vllm:time_in_queue_requests and the model_*_time histograms hidden in 0.8.5.post1, removed in 0.9.2).
+Like prometheus_client, a labelled series appears only once something set it: gauges and counters at the
+first stats log (every engine step, and every 10 s from the API server), histograms at their first
+observation. `_created` series are disabled.
 
-0.5.4's bug is kept (§4.2): in the default frontend-multiprocessing mode the API process's registry
-holds only the python_*/process_* collectors, so no vllm:* series is served; with
---disable-frontend-multiprocessing they are. --disable-log-stats removes them too.
-
-0.8.5.post1 (families "0.8.5"): the V0 metrics of v0.8.5.post1:vllm/engine/metrics.py:49-297 that are not
-hidden (the swapped/CPU-cache/prefix-hit-rate gauges and vllm:time_in_queue_requests need
---show-hidden-metrics-for-version), new TTFT/TPOT buckets, the request phase histograms, no best_of and no
-avg_* throughput gauges, and vllm:cache_config_info with CacheConfig's fields (:698-708). In the default
-mode the API process serves the engine's series through PROMETHEUS_MULTIPROC_DIR
-(v0.8.5.post1:vllm/entrypoints/openai/api_server.py:309-324): a registry holding only the
-MultiProcessCollector, so there are no python_*/process_* series, and a family appears only once it has
-a series. NOT SIMULATED: the http_* series of prometheus-fastapi-instrumentator that 0.8.5.post1 also serves.
+0.5.4's bug is kept (§4.2): in the default frontend-multiprocessing mode the API process's registry holds only
+the python_*/process_* collectors, so no vllm:* series is served; with --disable-frontend-multiprocessing they
+are. --disable-log-stats removes them too. From 0.6 on the API process serves the engine's series through
+PROMETHEUS_MULTIPROC_DIR in the default mode (v0.8.5.post1:vllm/entrypoints/openai/api_server.py:309-324,
+v0.6.6.post1 :254-262): a registry holding only the MultiProcessCollector, so there are no python_*/process_*
+series, and a family appears only once it has a series. NOT SIMULATED: prefix caching (the hit-rate gauges
+read -1, the naive block allocator's value, v0.7.3:vllm/core/block/naive_block.py:332-333), speculative
+decoding and detailed traces (their families never get a series), and the http_* series of
+prometheus-fastapi-instrumentator.
 """
 from __future__ import annotations
 
@@ -33,7 +41,10 @@ from vllm._twin.engine import StepStats
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
-# v0.8.5.post1:vllm/engine/metrics.py:147-149, 154-157, 163-166, 171-173
+# v0.6.6.post1:vllm/engine/metrics.py:121, 148-151 (v0.7.3 :123, 151-154)
+ITERATION_TOKENS_BUCKETS_06 = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8096]
+REQUEST_LATENCY_BUCKETS_06 = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+# v0.8.5.post1:vllm/engine/metrics.py:147-149, 154-157, 163-166, 171-173 (v0.9.2 :108-110, 115-119, 124-128, 131-134)
 ITERATION_TOKENS_BUCKETS_085 = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 TTFT_BUCKETS_085 = TTFT_BUCKETS + [20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 TPOT_BUCKETS_085 = TPOT_BUCKETS + [5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
@@ -49,6 +60,19 @@ def build_1_2_5_buckets(max_value: int) -> List[int]:
     exponent = 0
     while True:
         for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+def build_1_2_3_5_8_buckets(max_value: int) -> List[int]:
+    """1, 2, 3, 5, 8, 10, 20, 30, ... up to max_value (v0.7.3:vllm/engine/metrics.py:369-403)."""
+    buckets: List[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 3, 5, 8):
             value = mantissa * 10 ** exponent
             if value > max_value:
                 return buckets
@@ -143,188 +167,214 @@ class Histogram(_Family):
         return lines
 
 
+# Every V0 family the twin simulates: type and HELP (v0.5.4 and v0.6.6.post1-v0.9.2 vllm/engine/metrics.py).
+FAMILIES: Dict[str, Tuple[str, str]] = {
+    "vllm:cache_config_info": ("info", "Information of the LLMEngine CacheConfig"),
+    "vllm:num_requests_running": ("gauge", "Number of requests currently running on GPU."),
+    "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+    "vllm:lora_requests_info": ("gauge", "Running stats on lora requests."),
+    "vllm:num_requests_swapped": ("gauge", "Number of requests swapped to CPU."),
+    "vllm:gpu_cache_usage_perc": ("gauge", "GPU KV-cache usage. 1 means 100 percent usage."),
+    "vllm:cpu_cache_usage_perc": ("gauge", "CPU KV-cache usage. 1 means 100 percent usage."),
+    "vllm:cpu_prefix_cache_hit_rate": ("gauge", "CPU prefix cache block hit rate."),
+    "vllm:gpu_prefix_cache_hit_rate": ("gauge", "GPU prefix cache block hit rate."),
+    "vllm:num_preemptions_total": ("counter", "Cumulative number of preemption from the engine."),
+    "vllm:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
+    "vllm:generation_tokens_total": ("counter", "Number of generation tokens processed."),
+    "vllm:tokens_total": ("counter", "Number of prefill plus generation tokens processed."),
+    "vllm:iteration_tokens_total": ("histogram", "Histogram of number of tokens per engine_step."),
+    "vllm:time_to_first_token_seconds": ("histogram", "Histogram of time to first token in seconds."),
+    "vllm:time_per_output_token_seconds": ("histogram", "Histogram of time per output token in seconds."),
+    "vllm:e2e_request_latency_seconds": ("histogram", "Histogram of end to end request latency in seconds."),
+    "vllm:request_queue_time_seconds": ("histogram", "Histogram of time spent in WAITING phase for request."),
+    "vllm:request_inference_time_seconds": ("histogram", "Histogram of time spent in RUNNING phase for request."),
+    "vllm:request_prefill_time_seconds": ("histogram", "Histogram of time spent in PREFILL phase for request."),
+    "vllm:request_decode_time_seconds": ("histogram", "Histogram of time spent in DECODE phase for request."),
+    "vllm:time_in_queue_requests": ("histogram", "Histogram of time the request spent in the queue in seconds."),
+    "vllm:model_forward_time_milliseconds": ("histogram", "Histogram of time spent in the model forward pass in "
+                                             "ms."),
+    "vllm:model_execute_time_milliseconds": ("histogram", "Histogram of time spent in the model execute function "
+                                             "in ms."),
+    "vllm:request_prompt_tokens": ("histogram", "Number of prefill tokens processed."),
+    "vllm:request_generation_tokens": ("histogram", "Number of generation tokens processed."),
+    "vllm:request_max_num_generation_tokens": ("histogram", "Histogram of maximum number of requested generation "
+                                               "tokens."),
+    "vllm:request_params_best_of": ("histogram", "Histogram of the best_of request parameter."),
+    "vllm:request_params_n": ("histogram", "Histogram of the n request parameter."),
+    "vllm:request_params_max_tokens": ("histogram", "Histogram of the max_tokens request parameter."),
+    "vllm:request_success_total": ("counter", "Count of successfully processed requests."),
+    "vllm:spec_decode_draft_acceptance_rate": ("gauge", "Speulative token acceptance rate."),
+    "vllm:spec_decode_efficiency": ("gauge", "Speculative decoding system efficiency."),
+    "vllm:spec_decode_num_accepted_tokens_total": ("counter", "Number of accepted tokens."),
+    "vllm:spec_decode_num_draft_tokens_total": ("counter", "Number of draft tokens."),
+    "vllm:spec_decode_num_emitted_tokens_total": ("counter", "Number of emitted tokens."),
+    "vllm:avg_prompt_throughput_toks_per_s": ("gauge", "Average prefill throughput in tokens/s."),
+    "vllm:avg_generation_throughput_toks_per_s": ("gauge", "Average generation throughput in tokens/s."),
+}
+_SPEC = ("vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency",
+         "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+         "vllm:spec_decode_num_emitted_tokens_total")
+_AVG = ("vllm:avg_prompt_throughput_toks_per_s", "vllm:avg_generation_throughput_toks_per_s")
+_CORE = ("vllm:cache_config_info", "vllm:num_requests_running", "vllm:num_requests_waiting",
+         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+         "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+         "vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+         "vllm:request_params_n", "vllm:request_success_total")
+_V06 = ("vllm:lora_requests_info", "vllm:iteration_tokens_total", "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds", "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens")
+_SWAP = ("vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc")
+_V06_ONLY = ("vllm:cpu_prefix_cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate", "vllm:tokens_total",
+             "vllm:time_in_queue_requests", "vllm:model_forward_time_milliseconds",
+             "vllm:model_execute_time_milliseconds")
+# The families each release's vllm/engine/metrics.py shows by default (Metrics.__init__ at the tag; 0.8.5.post1
+# hides the 0.6-only ones and the swap gauges behind --show-hidden-metrics-for-version, 0.9.2 removed them).
+ERAS: Dict[str, Tuple[str, ...]] = {
+    "0.5.4": _CORE + _SWAP + ("vllm:request_params_best_of",) + _SPEC + _AVG,
+    "0.6": _CORE + _V06 + _SWAP + _V06_ONLY + _SPEC + _AVG,   # v0.6.6.post1:vllm/engine/metrics.py:54-275
+    "0.7": _CORE + _V06 + _SWAP + _V06_ONLY + _SPEC,          # v0.7.3:vllm/engine/metrics.py:56-262
+    "0.8": _CORE + _V06 + _SPEC,                              # v0.8.5.post1 :49-297, v0.9.2 :49-226
+}
+
+
+def era_of(metrics_era: str, release: str) -> str:
+    """The key of ERAS for a release: Behaviour.metrics_era, with 0.7's families for 0.7.x (no avg_* gauges)."""
+    if metrics_era == "0.6" and release.startswith("0.7."):
+        return "0.7"
+    return metrics_era
+
+
+def unknown_families(names: Sequence[str], era: str) -> List[str]:
+    """The names of a release's `metrics:` list the twin cannot serve for that release."""
+    return [name for name in names if name not in ERAS[era]]
+
+
+def bucket_bounds(name: str, era: str, max_model_len: int, graph_sizes: Sequence[int]) -> List[float]:
+    """A histogram's buckets in the release's metrics.py."""
+    late = era == "0.8"
+    if name == "vllm:time_to_first_token_seconds":
+        return TTFT_BUCKETS_085 if late else TTFT_BUCKETS
+    if name == "vllm:time_per_output_token_seconds":
+        return TPOT_BUCKETS_085 if late else TPOT_BUCKETS
+    if name == "vllm:iteration_tokens_total":
+        if late:
+            return ITERATION_TOKENS_BUCKETS_085
+        # the CUDA-graph capture sizes unless eager (v0.7.3:vllm/engine/metrics.py:123-127)
+        return sorted(graph_sizes) if graph_sizes else ITERATION_TOKENS_BUCKETS_06
+    if name in ("vllm:request_params_n", "vllm:request_params_best_of"):
+        return PARAM_BUCKETS
+    if name in ("vllm:model_forward_time_milliseconds", "vllm:model_execute_time_milliseconds"):
+        return build_1_2_3_5_8_buckets(3000)
+    if name.endswith("_tokens") or name == "vllm:request_params_max_tokens":
+        return build_1_2_5_buckets(max_model_len)
+    if era == "0.5.4":
+        return E2E_BUCKETS
+    return REQUEST_LATENCY_BUCKETS_085 if late else REQUEST_LATENCY_BUCKETS_06
+
+
 class VllmMetrics:
-    """The collectors of the release's Metrics class, in its registration order."""
+    """The collectors of the release's Metrics class that its data lists, in the data's order."""
 
-    def __init__(self, model_name: str, max_model_len: int, families: str = "0.5.4"):
+    def __init__(self, model_name: str, max_model_len: int, names: Sequence[str], era: str = "0.5.4",
+                 graph_sizes: Sequence[int] = ()):
+        unknown = unknown_families(names, era)
+        if unknown:
+            raise ValueError(f"the twin does not simulate {', '.join(unknown)} (families of {era})")
         self.labels = {"model_name": model_name}
-        self.families_of = families
+        self.era = era
+        self.names = list(names)
         self.cache_config_info: Dict[str, str] = {}
-        if families == "0.8.5":
-            self._init_085(max_model_len)
-            return
-        self.running = Gauge("vllm:num_requests_running", "Number of requests currently running on GPU.")
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.swapped = Gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.")
-        self.gpu_cache = Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
-        self.cpu_cache = Gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.")
-        self.preemptions = Counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = Counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
-        self.generation_tokens = Counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds.", TPOT_BUCKETS)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of end to end request latency in seconds.", E2E_BUCKETS)
-        token_buckets = build_1_2_5_buckets(max_model_len)
-        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               token_buckets)
-        self.request_generation_tokens = Histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.", token_buckets)
-        self.best_of = Histogram("vllm:request_params_best_of", "Histogram of the best_of request parameter.",
-                                 PARAM_BUCKETS)
-        self.n = Histogram("vllm:request_params_n", "Histogram of the n request parameter.", PARAM_BUCKETS)
-        self.success = Counter("vllm:request_success_total", "Count of successfully processed requests.")
-        self.spec_acceptance = Gauge("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate.")
-        self.spec_efficiency = Gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.")
-        self.spec_accepted = Counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.")
-        self.spec_draft = Counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.")
-        self.spec_emitted = Counter("vllm:spec_decode_num_emitted_tokens_total", "Number of emitted tokens.")
-        self.avg_prompt = Gauge("vllm:avg_prompt_throughput_toks_per_s", "Average prefill throughput in tokens/s.")
-        self.avg_generation = Gauge("vllm:avg_generation_throughput_toks_per_s",
-                                    "Average generation throughput in tokens/s.")
-        self.families: List[_Family] = [
-            self.running, self.waiting, self.swapped, self.gpu_cache, self.cpu_cache, self.preemptions,
-            self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.e2e, self.request_prompt_tokens,
-            self.request_generation_tokens, self.best_of, self.n, self.success, self.spec_acceptance,
-            self.spec_efficiency, self.spec_accepted, self.spec_draft, self.spec_emitted, self.avg_prompt,
-            self.avg_generation]
-
-    def _init_085(self, max_model_len: int) -> None:
-        self.running = Gauge("vllm:num_requests_running", "Number of requests currently running on GPU.")
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.")
-        self.gpu_cache = Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
-        self.preemptions = Counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = Counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
-        self.generation_tokens = Counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
-        self.iteration_tokens = Histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKENS_BUCKETS_085)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS_085)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds.", TPOT_BUCKETS_085)
-        latency = REQUEST_LATENCY_BUCKETS_085
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of end to end request latency in seconds.", latency)
-        self.queue_time = Histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.", latency)
-        self.inference_time = Histogram("vllm:request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.", latency)
-        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.", latency)
-        self.decode_time = Histogram("vllm:request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.", latency)
-        token_buckets = build_1_2_5_buckets(max_model_len)
-        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               token_buckets)
-        self.request_generation_tokens = Histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.", token_buckets)
-        self.max_generation_tokens = Histogram("vllm:request_max_num_generation_tokens",
-                                               "Histogram of maximum number of requested generation tokens.",
-                                               token_buckets)
-        self.n = Histogram("vllm:request_params_n", "Histogram of the n request parameter.", PARAM_BUCKETS)
-        self.max_tokens = Histogram("vllm:request_params_max_tokens",
-                                    "Histogram of the max_tokens request parameter.", token_buckets)
-        self.success = Counter("vllm:request_success_total", "Count of successfully processed requests.")
-        self.spec_acceptance = Gauge("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate.")
-        self.spec_efficiency = Gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.")
-        self.spec_accepted = Counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.")
-        self.spec_draft = Counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.")
-        self.spec_emitted = Counter("vllm:spec_decode_num_emitted_tokens_total", "Number of emitted tokens.")
-        self.families = [
-            self.running, self.waiting, self.lora_info, self.gpu_cache, self.preemptions, self.prompt_tokens,
-            self.generation_tokens, self.iteration_tokens, self.ttft, self.tpot, self.e2e, self.queue_time,
-            self.inference_time, self.prefill_time, self.decode_time, self.request_prompt_tokens,
-            self.request_generation_tokens, self.max_generation_tokens, self.n, self.max_tokens, self.success,
-            self.spec_acceptance, self.spec_efficiency, self.spec_accepted, self.spec_draft, self.spec_emitted]
+        self.families: Dict[str, _Family] = {}
+        for name in self.names:
+            kind, documentation = FAMILIES[name]
+            if kind == "gauge":
+                self.families[name] = Gauge(name, documentation)
+            elif kind == "counter":
+                self.families[name] = Counter(name, documentation)
+            elif kind == "histogram":
+                self.families[name] = Histogram(name, documentation,
+                                                bucket_bounds(name, era, max_model_len, graph_sizes))
 
     def set_cache_config(self, info: Dict[str, object]) -> None:
         self.cache_config_info = {key: str(value) for key, value in info.items()}
 
-    def log(self, stats: StepStats) -> None:
-        """PrometheusStatLogger._log_prometheus for one stats record."""
-        if self.families_of == "0.8.5":
-            self._log_085(stats)
-            return
-        labels = self.labels
-        self.running.set(labels, stats.num_running)
-        self.swapped.set(labels, stats.num_swapped)
-        self.waiting.set(labels, stats.num_waiting)
-        self.gpu_cache.set(labels, stats.gpu_cache_usage)
-        self.cpu_cache.set(labels, stats.cpu_cache_usage)
-        self.preemptions.inc(labels, stats.num_preemptions)
-        self.prompt_tokens.inc(labels, stats.num_prompt_tokens)
-        self.generation_tokens.inc(labels, stats.num_generation_tokens)
-        for value in stats.time_to_first_tokens:
-            self.ttft.observe(labels, value)
-        for value in stats.time_per_output_tokens:
-            self.tpot.observe(labels, value)
-        for value in stats.e2e_latencies:
-            self.e2e.observe(labels, value)
-        for value in stats.request_prompt_tokens:
-            self.request_prompt_tokens.observe(labels, value)
-        for value in stats.request_generation_tokens:
-            self.request_generation_tokens.observe(labels, value)
-        for value in stats.request_best_of:
-            self.best_of.observe(labels, value)
-        for value in stats.request_n:
-            self.n.observe(labels, value)
-        for reason in stats.finished_reasons:
-            self.success.inc({**labels, "finished_reason": reason}, 1)
+    def _gauge(self, name: str, labels: Dict[str, str], value: float) -> None:
+        family = self.families.get(name)
+        if family is not None:
+            family.set(labels, value)  # type: ignore[attr-defined]
 
-    def _log_085(self, stats: StepStats) -> None:
-        """v0.8.5.post1:vllm/engine/metrics.py:579-659 (the non-hidden part)."""
+    def _count(self, name: str, labels: Dict[str, str], value: float) -> None:
+        family = self.families.get(name)
+        if family is not None:
+            family.inc(labels, value)  # type: ignore[attr-defined]
+
+    def _observe(self, name: str, values: Sequence[float]) -> None:
+        family = self.families.get(name)
+        if family is not None:
+            for value in values:
+                family.observe(self.labels, value)  # type: ignore[attr-defined]
+
+    def log(self, stats: StepStats) -> None:
+        """PrometheusStatLogger._log_prometheus for one stats record (v0.5.4 metrics.py:480-523,
+        v0.7.3 :548-623, v0.8.5.post1 :579-659)."""
         labels = self.labels
-        self.running.set(labels, stats.num_running)
-        self.waiting.set(labels, stats.num_waiting)
-        self.gpu_cache.set(labels, stats.gpu_cache_usage)
+        gauges = [("vllm:num_requests_running", stats.num_running), ("vllm:num_requests_swapped", stats.num_swapped),
+                  ("vllm:num_requests_waiting", stats.num_waiting),
+                  ("vllm:gpu_cache_usage_perc", stats.gpu_cache_usage),
+                  ("vllm:cpu_cache_usage_perc", stats.cpu_cache_usage),
+                  ("vllm:cpu_prefix_cache_hit_rate", -1.0), ("vllm:gpu_prefix_cache_hit_rate", -1.0)]
+        for name, value in gauges:
+            self._gauge(name, labels, value)
         # _log_gauge_string: set_to_current_time on the LoRA labels (no LoRA: empty lists, max_lora "0")
-        self.lora_info.set({"running_lora_adapters": "", "max_lora": "0", "waiting_lora_adapters": ""}, time.time())
-        self.preemptions.inc(labels, stats.num_preemptions)
-        self.prompt_tokens.inc(labels, stats.num_prompt_tokens)
-        self.generation_tokens.inc(labels, stats.num_generation_tokens)
-        self.iteration_tokens.observe(labels, stats.num_prompt_tokens + stats.num_generation_tokens)
-        observed = [(self.ttft, stats.time_to_first_tokens), (self.tpot, stats.time_per_output_tokens),
-                    (self.e2e, stats.e2e_latencies), (self.queue_time, stats.queue_times),
-                    (self.inference_time, stats.inference_times), (self.prefill_time, stats.prefill_times),
-                    (self.decode_time, stats.decode_times)]
-        for histogram, values in observed:
-            for value in values:
-                histogram.observe(labels, value)
+        self._gauge("vllm:lora_requests_info", {"running_lora_adapters": "", "max_lora": "0",
+                                                "waiting_lora_adapters": ""}, time.time())
+        step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
+        for name, value in (("vllm:num_preemptions_total", stats.num_preemptions),
+                            ("vllm:prompt_tokens_total", stats.num_prompt_tokens),
+                            ("vllm:generation_tokens_total", stats.num_generation_tokens),
+                            ("vllm:tokens_total", step_tokens)):
+            self._count(name, labels, value)
+        observed = [("vllm:iteration_tokens_total", [step_tokens]),
+                    ("vllm:time_to_first_token_seconds", stats.time_to_first_tokens),
+                    ("vllm:time_per_output_token_seconds", stats.time_per_output_tokens),
+                    ("vllm:e2e_request_latency_seconds", stats.e2e_latencies),
+                    ("vllm:request_queue_time_seconds", stats.queue_times),
+                    ("vllm:request_inference_time_seconds", stats.inference_times),
+                    ("vllm:request_prefill_time_seconds", stats.prefill_times),
+                    ("vllm:request_decode_time_seconds", stats.decode_times),
+                    ("vllm:time_in_queue_requests", stats.queue_times)]
+        for name, values in observed:
+            self._observe(name, values)
         for reason in stats.finished_reasons:
-            self.success.inc({**labels, "finished_reason": reason}, 1)
-        requests = [(self.request_prompt_tokens, stats.request_prompt_tokens),
-                    (self.request_generation_tokens, stats.request_generation_tokens),
-                    (self.n, stats.request_n), (self.max_generation_tokens, stats.request_max_generation_tokens),
-                    (self.max_tokens, stats.request_max_tokens)]
-        for histogram, values in requests:
-            for value in values:
-                histogram.observe(labels, value)
+            self._count("vllm:request_success_total", {**labels, "finished_reason": reason}, 1)
+        requests = [("vllm:request_prompt_tokens", stats.request_prompt_tokens),
+                    ("vllm:request_generation_tokens", stats.request_generation_tokens),
+                    ("vllm:request_params_best_of", stats.request_best_of),
+                    ("vllm:request_params_n", stats.request_n),
+                    ("vllm:request_max_num_generation_tokens", stats.request_max_generation_tokens),
+                    ("vllm:request_params_max_tokens", stats.request_max_tokens)]
+        for name, values in requests:
+            self._observe(name, values)
 
     def log_throughput(self, prompt_tps: float, generation_tps: float) -> None:
-        if self.families_of == "0.8.5":
-            return  # the avg_* gauges are gone in 0.8.5.post1
-        self.avg_prompt.set(self.labels, prompt_tps)
-        self.avg_generation.set(self.labels, generation_tps)
+        """The avg_* gauges, where the release has them (set at the 5-second log, v0.6.6.post1 metrics.py:637-649)."""
+        self._gauge("vllm:avg_prompt_throughput_toks_per_s", self.labels, prompt_tps)
+        self._gauge("vllm:avg_generation_throughput_toks_per_s", self.labels, generation_tps)
 
     def render(self, multiprocess: bool = False) -> List[str]:
         """The vllm:* families; `multiprocess` drops those without a series (MultiProcessCollector)."""
         lines: List[str] = []
-        if self.families_of == "0.8.5":
-            if self.cache_config_info:
-                lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
-                          "# TYPE vllm:cache_config_info gauge",
-                          f"vllm:cache_config_info{_labels(self.cache_config_info)} 1.0"]
-        else:
-            lines = ["# HELP vllm:cache_config_info information of cache_config",
-                     "# TYPE vllm:cache_config_info gauge"]
-            if self.cache_config_info:
-                lines.append(f"vllm:cache_config_info{_labels(self.cache_config_info)} 1.0")
-        for family in self.families:
-            rendered = family.render()
+        for name in self.names:
+            if name == "vllm:cache_config_info":
+                # 0.5.4's Info (docs/facts/vllm-volta.md §4.1) vs the gauge of 0.6 on (v0.7.3 metrics.py:663-673)
+                help_text = "information of cache_config" if self.era == "0.5.4" else FAMILIES[name][1]
+                if multiprocess and not self.cache_config_info:
+                    continue
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+                if self.cache_config_info:
+                    lines.append(f"{name}{_labels(self.cache_config_info)} 1.0")
+                continue
+            rendered = self.families[name].render()
             if multiprocess and len(rendered) == 2:
                 continue
             lines.extend(rendered)

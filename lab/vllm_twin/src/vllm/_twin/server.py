@@ -46,11 +46,11 @@ import traceback
 from typing import Dict, List, Optional
 
 from vllm._twin import settings as settings_mod
-from vllm._twin import startup, vlog
+from vllm._twin import perf, startup, vlog
 from vllm._twin.api import ApiConfig, OpenAIApp
 from vllm._twin.engine import Engine
 from vllm._twin.http import HttpServer, stdout_log
-from vllm._twin.metrics import VllmMetrics
+from vllm._twin.metrics import VllmMetrics, era_of
 from vllm._twin.release import current, pick
 from vllm._twin.runner import Runner
 from vllm._twin.utilization import UtilizationReporter
@@ -149,7 +149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"vLLM twin: {exc}\n")
         return 2
     environ = dict(os.environ)
-    vlog.info(pick("api_server.py:339", "api_server.py:1043"), f"vLLM API server version {__version__}")
+    vlog.info(release.source("version", "api_server.py:1043"), f"vLLM API server version {__version__}")
     vlog.sim(f"This is the revive lab's twin of vLLM {release.release}, a simulation: no model runs and no GPU is "
              "used. Timings come from a performance model calibrated to the field notes (lab/vllm_twin/README.md).")
     if release.behaviour.parser == "table" and not release.cli_complete:
@@ -161,7 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
              "(VLLM_SIM_ANSWER_MEDIAN)")
     faults = settings.faults()
     vlog.sim("fault knobs in effect: " + (", ".join(f"{k}={v}" for k, v in faults.items()) if faults else "none"))
-    vlog.info(pick("api_server.py:340", "api_server.py:1044"), f"args: {args}")
+    if release.behaviour.args_line == "non-default":
+        vlog.info(release.source("args", "api_server.py:1044"), f"non-default args: {_non_default_args(args)}")
+    else:
+        vlog.info(release.source("args", "api_server.py:1044"), f"args: {args}")
     sock = None
     if not release.legacy:
         # bound before the engine is set up (#8204), listening once it is ready (api_server.py:1062-1066)
@@ -209,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def engine_started() -> None:
         engine_started_at.append(time.monotonic())
         if frontend_multiprocessing and not release.legacy:
-            vlog.info("api_server.py:246", f"Started engine process with PID {os.getpid()}")
+            vlog.info(release.source("engine_pid", "api_server.py:246"), f"Started engine process with PID {os.getpid()}")
             vlog.sim("the simulated engine runs inside the API process; the PID above is the API process's own")
 
     try:
@@ -226,6 +229,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _engine_start_failed(failure, engine_started_at[0], settings)
         return 1
     return asyncio.run(_serve(args, setup, settings, workers, start_time, sock))
+
+
+def _non_default_args(args) -> Dict[str, object]:
+    """log_non_default_args (v0.9.2:vllm/entrypoints/openai/cli_args.py:319-325): every argument whose value
+    differs from the parser's default."""
+    from vllm.entrypoints.openai.cli_args import build_parser
+    defaults = vars(build_parser().parse_args([]))
+    return {name: value for name, value in vars(args).items() if name in defaults and defaults[name] != value}
 
 
 def bind_socket(host: Optional[str], port: int) -> socket.socket:
@@ -246,7 +257,9 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     engine = Engine(setup.engine_config)
     vllm_metrics = None
     if not args.disable_log_stats:
-        vllm_metrics = VllmMetrics(setup.served_model_names[0], setup.max_model_len, release.behaviour.metric_families)
+        graph_sizes = [] if args.enforce_eager else perf.graph_batch_sizes(setup.engine_config.max_num_seqs)
+        vllm_metrics = VllmMetrics(setup.served_model_names[0], setup.max_model_len, release.metrics,
+                                   era_of(release.behaviour.metrics_era, release.release), graph_sizes)
         vllm_metrics.set_cache_config(setup.cache_config_info)
     utilization = UtilizationReporter(settings.utilization_file, [g.nvml_index for g in setup.group],
                                       settings.busy_gpu_rank, settings.busy_gpu_extra_percent, vlog.sim)
@@ -256,7 +269,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     api_key = os.environ.get("VLLM_API_KEY") or args.api_key
     if isinstance(api_key, list):  # releases whose --api-key takes several keys
         api_key = api_key[0] if api_key else None
-    needs_in_process = release.behaviour.metrics_need_disable_frontend_multiprocessing
+    needs_in_process = release.data.metrics_need_disable_frontend_multiprocessing
     serves_vllm_metrics = not (frontend_multiprocessing and needs_in_process)
     config = ApiConfig(
         served_model_names=setup.served_model_names, max_model_len=setup.max_model_len,
@@ -321,11 +334,15 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
             vlog.info("launcher.py:22", f"Route: {path}, Methods: {methods}")
     else:
         host = args.host or "0.0.0.0"
-        vlog.info("api_server.py:1090", f"Starting vLLM API server on {scheme}://"
-                  f"{'[' + host + ']' if ':' in host else host}:{args.port}")
-        vlog.info("launcher.py:28", "Available routes are:")
+        address = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{args.port}"
+        start_line = release.behaviour.server_start_line
+        if start_line:
+            index = " 0" if start_line == "indexed" else ""
+            vlog.info(release.source("server_start", "api_server.py:1090"),
+                      f"Starting vLLM API server{index} on {address}")
+        vlog.info(release.source("routes", "launcher.py:28"), "Available routes are:")
         for path, methods in ROUTES_085:
-            vlog.info("launcher.py:36", f"Route: {path}, Methods: {methods}")
+            vlog.info(release.source("route", "launcher.py:36"), f"Route: {path}, Methods: {methods}")
     stdout_log(f"INFO:     Started server process [{os.getpid()}]")
     stdout_log("INFO:     Waiting for application startup.")
     stdout_log("INFO:     Application startup complete.")
@@ -336,7 +353,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
         utilization.clear()
         workers.kill_all()
         return 1
-    if release.legacy:
+    if release.behaviour.uvicorn_running_line:
         stdout_log(f"INFO:     Uvicorn running on {scheme}://{args.host or '0.0.0.0'}:{args.port} (Press CTRL+C to "
                    "quit)")
 
@@ -350,7 +367,8 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     watchdog = None
     if not release.legacy:
         app.on_engine_error = lambda: engine_errored_exit(app, stop)
-        watchdog = loop.create_task(watchdog_loop(app, stop))
+        if release.behaviour.engine_watchdog:
+            watchdog = loop.create_task(watchdog_loop(app, stop))
     await stop.wait()
     if watchdog is not None:
         watchdog.cancel()

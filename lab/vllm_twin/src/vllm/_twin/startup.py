@@ -206,7 +206,7 @@ def resolve_quantization(facts: Dict[str, Any], requested: Optional[str]) -> Opt
                 f"quantization method specified in the `quantization` argument ({requested}).")
     if requested is not None:
         # the release's methods and their minimum capability (vllm/_twin/release.py quantization_min_cc)
-        methods = current().behaviour.quantization_min_cc
+        methods = current().data.quantization_min_cc
         if requested not in methods:
             raise StartupFailure("ValueError", f"Unknown quantization method: {requested}. Must be one of "
                                  f"{list(methods)}.")
@@ -228,12 +228,17 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
     at that point, and a failure before it is the API process's own (`in_engine` False).
     """
     release = current()
+    engine_first = release.behaviour.config_order == "engine-first"
+    if engine_first and engine_started is not None:
+        # 0.6.6.post1/0.7.3 start the engine process, then build the same configuration in the API process,
+        # which fails there first (v0.7.3:vllm/entrypoints/openai/api_server.py:202-221)
+        engine_started()
     try:
         config = _configure(args, facts, environ)
     except StartupFailure as failure:
         failure.in_engine = release.legacy
         raise
-    if engine_started is not None:
+    if not engine_first and engine_started is not None:
         engine_started()
     return _start_engine(args, facts, environ, settings, wait, worker_prefixes, config)
 
@@ -274,7 +279,9 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
     quantization = resolve_quantization(facts, args.quantization)
     max_num_seqs = args.max_num_seqs
     chunked = args.enable_chunked_prefill
-    if not release.legacy:
+    if release.behaviour.engine_oracle == "opt-in":
+        opt_in_v1(environ)
+    elif not release.legacy:
         engine_choice(args, visible, environ)
         # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563)
         if chunked is None and max_model_len > 32768 and not facts.get("sliding_window"):
@@ -371,6 +378,19 @@ def discover_gpus(environ: Dict[str, str]):
     return visible, pynvml
 
 
+def opt_in_v1(environ: Dict[str, str]) -> str:
+    """0.6.6.post1/0.7.3: V0 unless VLLM_USE_V1=1 (bool(int(...)), v0.7.3:vllm/envs.py:503-504); V1 is refused,
+    since the twin simulates the V0 engine only."""
+    raw = environ.get("VLLM_USE_V1", "0")
+    if raw.strip() == "":
+        raise StartupFailure("ValueError", "invalid literal for int() with base 10: ''", in_engine=False)
+    if int(raw) == 0:
+        return "V0"
+    raise StartupFailure("NotImplementedError", f"[twin] VLLM_USE_V1={raw} runs vLLM {current().release}'s V1 engine, "
+                         "which the twin does not simulate (it simulates V0, the default of this release); unset "
+                         "VLLM_USE_V1", in_engine=False)
+
+
 def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> str:
     """0.8.5.post1's V0/V1 choice (v0.8.5.post1:vllm/engine/arg_utils.py:1106-1116): VLLM_USE_V1 unset tries V1
     and falls back to V0 on the first unsupported feature with a warning; VLLM_USE_V1=1 raises
@@ -387,7 +407,7 @@ def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> 
     explicit = raw is not None
     reason = v1_unsupported_feature(args, visible, environ)
     if reason is None:
-        raise StartupFailure("NotImplementedError", "[twin] this configuration runs vLLM 0.8.5.post1's V1 engine, "
+        raise StartupFailure("NotImplementedError", f"[twin] this configuration runs vLLM {current().release}'s V1 engine, "
                              "which the twin does not simulate (it simulates V0, what GPUs of compute capability "
                              "< 8.0 run); set VLLM_USE_V1=0 to simulate V0", in_engine=False)
     feature, recommend = reason
@@ -396,13 +416,16 @@ def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> 
     message = f"{feature} is not supported by the V1 Engine. Falling back to V0. "
     if recommend:
         message += f"We recommend to remove {feature} from your config in favor of the V1 Engine."
-    vlog.warning("arg_utils.py:1658", message)
+    vlog.warning(current().source("v1_fallback", "arg_utils.py:1658"), message)
     return "V0"
 
 
 def v1_unsupported_feature(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]):
     """(feature_name, recommend_to_remove) of the oracle's first V1-unsupported feature, or None."""
-    if args.load_format in ("tensorizer", "sharded_state"):
+    # 0.9.2 loads tensorizer checkpoints in V1 (v0.9.2:vllm/engine/arg_utils.py:1312-1316)
+    fallback_formats = ("sharded_state",) if current().behaviour.engine_oracle == "0.9" else ("tensorizer",
+                                                                                              "sharded_state")
+    if args.load_format in fallback_formats:
         return f"--load_format {args.load_format}", False
     if getattr(args, "preemption_mode", None) is not None:
         return "--preemption-mode", True
@@ -418,7 +441,7 @@ def v1_unsupported_feature(args, visible: List[gpu_mod.Gpu], environ: Dict[str, 
 
 
 def check_quantization_capability(quantization: Optional[str], gpu: gpu_mod.Gpu) -> None:
-    table = current().behaviour.quantization_min_cc
+    table = current().data.quantization_min_cc
     capability = gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
     if quantization and capability < table[quantization]:
         raise StartupFailure(
@@ -529,7 +552,7 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
             vlog.warning("xformers.py:398", "XFormers does not support logits soft cap. Outputs may be slightly "
                          "off.", prefix)
     head_size = int(facts["head_dim"])
-    supported = list(behaviour.paged_attention_head_sizes)
+    supported = list(release.data.paged_attention_head_sizes)
     if group[0].compute_capability[0] < 8 and head_size not in supported:
         raise StartupFailure("ValueError", f"Head size {head_size} is not supported by PagedAttention. Supported "
                              f"head sizes are: {supported}.")
@@ -566,12 +589,12 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
         facts, args.tensor_parallel_size, total, args.gpu_memory_utilization,
         args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, block_size=args.block_size or 16, dtype=KV_SIZING_DTYPE[dtype],
-        release=release.release, sizing=behaviour.kv_sizing, enable_chunked_prefill=chunked,
+        release=release.release, sizing=release.data.kv_sizing, enable_chunked_prefill=chunked,
         kv_cache_dtype=args.kv_cache_dtype, pipeline_parallel_size=args.pipeline_parallel_size)
     block_size = kv.block_size
-    if not release.legacy:
+    if behaviour.memory_profiling_line:
         for prefix in [""] + prefixes:
-            vlog.info("worker.py:287", memory_profiling_message(kv, total, args.gpu_memory_utilization,
+            vlog.info(release.source("memory_profiling", "worker.py:287"), memory_profiling_message(kv, total, args.gpu_memory_utilization,
                                                                 perf.PROFILE_RUN_SECONDS * settings.time_scale),
                       prefix)
     num_gpu_blocks = kv.num_gpu_blocks
@@ -589,15 +612,8 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
             errors.append(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
                           f"that can be stored in KV cache ({block_size * num_gpu_blocks}). Try increasing "
                           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-    if release.legacy:
-        where = "distributed_gpu_executor.py:56" if world > 1 else "gpu_executor.py:102"
-        vlog.info(where, f"# GPU blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
-    else:
-        # ExecutorBase.initialize_cache (v0.8.5.post1:vllm/executor/executor_base.py:112-117); `cuda` is the
-        # platform's device_name
-        vlog.info("executor_base.py:112", f"# cuda blocks: {num_gpu_blocks}, # CPU blocks: {kv.num_cpu_blocks}")
-        vlog.info("executor_base.py:117", f"Maximum concurrency for {max_model_len} tokens per request: "
-                  f"{num_gpu_blocks * block_size / max_model_len:.2f}x")
+    for where, line in kv_lines(num_gpu_blocks, kv.num_cpu_blocks, block_size, max_model_len, world):
+        vlog.info(where, line)
     if errors:
         raise StartupFailure("ValueError", errors[0])
 
@@ -667,6 +683,26 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
         engine_config=engine_config, perf_model=model, group=group, transport=transport, kv=kv,
         cache_config_info=cache_info, block_bytes=kv.bytes_per_block, worker_count=world - 1,
         timings={"load_seconds": load_time})
+
+
+def kv_lines(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, max_model_len: int,
+             world: int) -> List[Any]:
+    """The executor's KV start-up lines, worded as the release words them (Behaviour.kv_blocks_device,
+    kv_concurrency_line): `# GPU blocks: N, # CPU blocks: M` from the GPU executors (0.5.4, 0.6.6.post1, whose
+    multi-GPU executor logs from distributed_gpu_executor.py), `# cuda blocks: ...` from ExecutorBase with the
+    platform's device_name (0.7 on, v0.8.5.post1:vllm/executor/executor_base.py:112-117), then the maximum
+    concurrency (0.6 on)."""
+    release = current()
+    behaviour = release.behaviour
+    suffix = "_tp" if world > 1 and "kv_blocks_tp" in behaviour.sources else ""
+    device = "GPU" if behaviour.kv_blocks_device == "GPU" else "cuda"
+    lines = [(release.source("kv_blocks" + suffix, "executor_base.py:112"),
+              f"# {device} blocks: {num_gpu_blocks}, # CPU blocks: {num_cpu_blocks}")]
+    if behaviour.kv_concurrency_line:
+        lines.append((release.source("kv_concurrency" + suffix, "executor_base.py:117"),
+                      f"Maximum concurrency for {max_model_len} tokens per request: "
+                      f"{num_gpu_blocks * block_size / max_model_len:.2f}x"))
+    return lines
 
 
 def memory_profiling_message(kv: Any, total: int, utilization: float, seconds: float) -> str:
