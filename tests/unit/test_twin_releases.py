@@ -47,16 +47,21 @@ EXPECTED = {
                     "kv_at": ("gpu_executor.py:76", "distributed_gpu_executor.py:57"),
                     "concurrency_at": ("gpu_executor.py:80", "distributed_gpu_executor.py:61"),
                     "profiling_at": "worker.py:241", "args": "args: Namespace(", "start": None, "uvicorn": True,
-                    "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0},
+                    "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
+                    "message": ["role", "content", "tool_calls"], "kv_transfer_params": False,
+                    "service": {"/ping": 404, "/load": 404}},
     "0.7.3": {"brackets": False, "version": "api_server.py:912", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:111",) * 2, "concurrency_at": ("executor_base.py:116",) * 2,
               "profiling_at": "worker.py:267", "args": "args: Namespace(", "start": "Starting vLLM API server on http://",
-              "uvicorn": False, "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0},
+              "uvicorn": False, "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
+              "message": ["role", "reasoning_content", "content", "tool_calls"], "kv_transfer_params": False,
+              "service": {"/ping": 200, "/load": 404}},
     "0.9.2": {"brackets": True, "version": "api_server.py:1395", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:113",) * 2, "concurrency_at": ("executor_base.py:118",) * 2,
               "profiling_at": "worker.py:294", "args": "non-default args: {", "start": "Starting vLLM API server 0 on http://",
               "uvicorn": False, "v1_fallback": "arg_utils.py:1735", "engine_first": False, "e2e_top": 7680.0,
-              "ttft_top": 2560.0},
+              "ttft_top": 2560.0, "message": ["role", "reasoning_content", "content", "tool_calls"],
+              "kv_transfer_params": True, "service": {"/ping": 200, "/load": 200}},
 }
 
 
@@ -131,13 +136,15 @@ def served(release, src, models, data, tmp_path_factory):
         chat = harness.request(twin, "POST", "/v1/chat/completions",
                                {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         version = harness.request(twin, "GET", "/version")
+        service = {path: harness.request(twin, "GET", path)[0] for path in ("/ping", "/load")}
         metrics = harness.request(twin, "GET", "/metrics")
         log = twin.log()
     finally:
         code = twin.stop()
     assert code == 0 and completion[0] == 200 and chat[0] == 200, log
     return SimpleNamespace(args=args, env=plan["env"], log=log, version=json.loads(version[2]),
-                           metrics=metrics[2].decode(), chat=json.loads(chat[2]), model=model)
+                           metrics=metrics[2].decode(), chat=json.loads(chat[2]), model=model,
+                           completion=json.loads(completion[2]), service=service)
 
 
 def at(release: str, where: str) -> str:
@@ -257,6 +264,17 @@ def test_a_configuration_error_comes_after_the_engine_process_started_before_0_8
                                                      "divisible by tensor parallel size (5).")
     assert "SpawnProcess" not in done.stderr
     assert ("Started engine process with PID" in done.stdout) == EXPECTED[release.version]["engine_first"]
+
+
+def test_response_shapes_and_routes_are_the_releases(release, served):
+    expected = EXPECTED[release.version]
+    assert list(served.chat["choices"][0]["message"]) == expected["message"]
+    for body in (served.chat, served.completion):
+        assert ("kv_transfer_params" in body) == expected["kv_transfer_params"]
+        assert body.get("kv_transfer_params") is None
+    assert served.service == expected["service"]
+    listed = {path for path in ("/ping", "/load") if f"Route: {path}, Methods:" in served.log}
+    assert listed == {path for path, status in expected["service"].items() if status == 200}
 
 
 # --------------------------------------------------------------------------- the wheel build's checks

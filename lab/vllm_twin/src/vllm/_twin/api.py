@@ -234,8 +234,8 @@ class OpenAIApp:
             "/tokenize": ("POST", self.tokenize), "/detokenize": ("POST", self.detokenize),
             "/v1/embeddings": ("POST", self.embeddings),
         }
-        if not self.legacy:
-            routes.update({"/ping": ("GET", self.health), "/load": ("GET", self.load)})
+        service = {"/ping": ("GET", self.health), "/load": ("GET", self.load)}
+        routes.update({path: service[path] for path in current().behaviour.service_routes})
         if path == "/metrics" or path.startswith("/metrics/"):
             exchange.respond(200, metrics_mod.render(self.start_time, self.runner.metrics if self.config.vllm_metrics
                                                      else None, self.config.multiprocess_metrics),
@@ -653,7 +653,7 @@ class OpenAIApp:
         choices = []
         for seq in group.seqs[:params.n]:
             message: Dict[str, Any] = {"role": role, "content": prefix + seq.text, "tool_calls": []}
-            if not self.legacy:  # ChatMessage (v0.8.5.post1:vllm/entrypoints/openai/protocol.py:1323-1327)
+            if current().behaviour.reasoning_content:  # ChatMessage (v0.8.5.post1:vllm/entrypoints/openai/protocol.py:1323-1327)
                 message = {"role": role, "reasoning_content": None, "content": prefix + seq.text, "tool_calls": []}
             choices.append({"index": seq.index, "message": message,
                             "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason})
@@ -663,6 +663,8 @@ class OpenAIApp:
                 "usage": self._usage(prompt_len, completion)}
         if not self.legacy:
             body["prompt_logprobs"] = None  # protocol.py:1364
+        if current().behaviour.kv_transfer_params:
+            body["kv_transfer_params"] = None
         self._json(exchange, 200, body, extra)
         self.faults.on_complete()
 
@@ -819,6 +821,8 @@ class OpenAIApp:
         body = {"id": request_id, "object": "text_completion", "created": created,
                 "model": self.config.served_model_names[0], "choices": choices,
                 "usage": self._usage(prompt_tokens, completion_tokens)}
+        if current().behaviour.kv_transfer_params:
+            body["kv_transfer_params"] = None
         if req["stream"]:
             # n != best_of: 0.5.4 does not stream but answers with one event and [DONE]
             exchange.start_stream(200, SSE, extra)

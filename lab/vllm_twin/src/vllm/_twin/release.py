@@ -86,6 +86,15 @@ class Behaviour:
     # uvicorn binds and logs `Uvicorn running on ...` itself: serve_http gets no socket (v0.5.4,
     # v0.6.6.post1:vllm/entrypoints/launcher.py:18-35); from 0.7 the pre-bound socket is passed.
     uvicorn_running_line: bool
+    # ChatMessage has `reasoning_content` (v0.7.3:vllm/entrypoints/openai/protocol.py:1211-1215; not in
+    # v0.6.6.post1 :1131-1134).
+    reasoning_content: bool
+    # Chat and completion responses end with `kv_transfer_params: null` (v0.9.2:vllm/entrypoints/openai/
+    # protocol.py:1242-1243, 1433-1434).
+    kv_transfer_params: bool
+    # Routes besides 0.5.4's: `/ping` (v0.7.3:vllm/entrypoints/openai/api_server.py:350) and `/load`
+    # (v0.8.5.post1 :398).
+    service_routes: Tuple[str, ...]
     sources: Dict[str, str] = field(default_factory=dict)
 
 
@@ -108,14 +117,16 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         parser="handwritten", log_brackets=False, metrics_era="0.5.4", engine_start_failure="hang",
         config_order="engine", engine_oracle="", sigterm_default_mode="cut", engine_watchdog=False,
         chat_id_prefix="chat-", kv_blocks_device="GPU", kv_concurrency_line=False, memory_profiling_line=False,
-        args_line="namespace", server_start_line="", uvicorn_running_line=True,
+        args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
+        kv_transfer_params=False, service_routes=(),
         sources={"version": "api_server.py:339", "args": "api_server.py:340",
                  "kv_blocks": "gpu_executor.py:102", "kv_blocks_tp": "distributed_gpu_executor.py:56"}),
     "0.6.6.post1": Behaviour(
         parser="table", log_brackets=False, metrics_era="0.6", engine_start_failure="exit",
         config_order="engine-first", engine_oracle="opt-in", sigterm_default_mode="stall", engine_watchdog=False,
         chat_id_prefix="chatcmpl-", kv_blocks_device="GPU", kv_concurrency_line=True, memory_profiling_line=True,
-        args_line="namespace", server_start_line="", uvicorn_running_line=True,
+        args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
+        kv_transfer_params=False, service_routes=(),
         # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
         sources={"version": "api_server.py:712", "args": "api_server.py:713", "engine_pid": "api_server.py:199",
@@ -128,6 +139,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         config_order="engine-first", engine_oracle="opt-in", sigterm_default_mode="stall", engine_watchdog=False,
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
+        reasoning_content=True, kv_transfer_params=False, service_routes=("/ping",),
         # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267;
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
         sources={"version": "api_server.py:912", "args": "api_server.py:913", "engine_pid": "api_server.py:209",
@@ -139,6 +151,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         config_order="api-first", engine_oracle="0.8", sigterm_default_mode="stall", engine_watchdog=True,
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
+        reasoning_content=True, kv_transfer_params=False, service_routes=("/ping", "/load"),
         # v0.8.5.post1:vllm/entrypoints/openai/api_server.py:1043-1044, 246, 1090; worker/worker.py:287;
         # executor/executor_base.py:112, 117; engine/arg_utils.py:1658
         sources={"version": "api_server.py:1043", "args": "api_server.py:1044", "engine_pid": "api_server.py:246",
@@ -150,7 +163,8 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         config_order="api-first", engine_oracle="0.9", sigterm_default_mode="stall", engine_watchdog=True,
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="non-default", server_start_line="indexed",
-        uvicorn_running_line=False,
+        uvicorn_running_line=False, reasoning_content=True, kv_transfer_params=True,
+        service_routes=("/ping", "/load"),
         # v0.9.2:vllm/entrypoints/openai/api_server.py:1395, 268, 1457; entrypoints/openai/cli_args.py:325;
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
         sources={"version": "api_server.py:1395", "args": "cli_args.py:325", "engine_pid": "api_server.py:268",
@@ -241,8 +255,9 @@ def data_from(raw: Dict[str, Any]) -> ReleaseData:
 
 
 def from_json(data: Dict[str, Any]) -> Release:
+    behaviour = dict(data["behaviour"], service_routes=tuple(data["behaviour"]["service_routes"]))
     return Release(release=data["release"], version=data["version"], commit=data["commit"],
-                   behaviour=Behaviour(**data["behaviour"]), data=data_from(data["data"]),
+                   behaviour=Behaviour(**behaviour), data=data_from(data["data"]),
                    arguments=list(data["cli"]["arguments"]), cli_complete=bool(data["cli"]["complete"]))
 
 

@@ -341,7 +341,8 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
             vlog.info(release.source("server_start", "api_server.py:1090"),
                       f"Starting vLLM API server{index} on {address}")
         vlog.info(release.source("routes", "launcher.py:28"), "Available routes are:")
-        for path, methods in ROUTES_085:
+        service = {"/ping", "/load"} - set(release.behaviour.service_routes)
+        for path, methods in [route for route in ROUTES_085 if route[0] not in service]:
             vlog.info(release.source("route", "launcher.py:36"), f"Route: {path}, Methods: {methods}")
     stdout_log(f"INFO:     Started server process [{os.getpid()}]")
     stdout_log("INFO:     Waiting for application startup.")
