@@ -49,19 +49,20 @@ EXPECTED = {
                     "profiling_at": "worker.py:241", "args": "args: Namespace(", "start": None, "uvicorn": True,
                     "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
                     "message": ["role", "content", "tool_calls"], "kv_transfer_params": False,
-                    "service": {"/ping": 404, "/load": 404}},
+                    "service": {"/ping": 404, "/load": 404}, "engine_init": ("llm_engine.py:234", "an LLM engine")},
     "0.7.3": {"brackets": False, "version": "api_server.py:912", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:111",) * 2, "concurrency_at": ("executor_base.py:116",) * 2,
               "profiling_at": "worker.py:267", "args": "args: Namespace(", "start": "Starting vLLM API server on http://",
               "uvicorn": False, "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
               "message": ["role", "reasoning_content", "content", "tool_calls"], "kv_transfer_params": False,
-              "service": {"/ping": 200, "/load": 404}},
+              "service": {"/ping": 200, "/load": 404}, "engine_init": ("llm_engine.py:234", "a V0 LLM engine")},
     "0.9.2": {"brackets": True, "version": "api_server.py:1395", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:113",) * 2, "concurrency_at": ("executor_base.py:118",) * 2,
               "profiling_at": "worker.py:294", "args": "non-default args: {", "start": "Starting vLLM API server 0 on http://",
               "uvicorn": False, "v1_fallback": "arg_utils.py:1735", "engine_first": False, "e2e_top": 7680.0,
               "ttft_top": 2560.0, "message": ["role", "reasoning_content", "content", "tool_calls"],
-              "kv_transfer_params": True, "service": {"/ping": 200, "/load": 200}},
+              "kv_transfer_params": True, "service": {"/ping": 200, "/load": 200},
+              "engine_init": ("llm_engine.py:230", "a V0 LLM engine")},
 }
 
 
@@ -218,6 +219,8 @@ def test_the_kv_lines_are_the_releases_and_the_planners_estimate(release, served
 
 def test_start_up_lines_are_the_releases(release, served):
     expected = EXPECTED[release.version]
+    where, words = expected["engine_init"]
+    assert f"{at(release.version, where)}Initializing {words} (v{release.version}+sim) with config: " in served.log
     assert expected["args"] in served.log
     start = re.search(r"Starting vLLM API server( 0)? on http://", served.log)
     if expected["start"] is None:

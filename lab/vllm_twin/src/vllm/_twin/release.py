@@ -95,6 +95,9 @@ class Behaviour:
     # Routes besides 0.5.4's: `/ping` (v0.7.3:vllm/entrypoints/openai/api_server.py:350) and `/load`
     # (v0.8.5.post1 :398).
     service_routes: Tuple[str, ...]
+    # The engine's first line: `Initializing an LLM engine (vX) with config: ...` (v0.6.6.post1:vllm/engine/
+    # llm_engine.py:234-235) or `Initializing a V0 LLM engine ...` (v0.7.3 :234-235, v0.9.2 :230-231).
+    engine_init_words: str = "a V0 LLM engine"
     sources: Dict[str, str] = field(default_factory=dict)
 
 
@@ -126,10 +129,10 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         config_order="engine-first", engine_oracle="opt-in", sigterm_default_mode="stall", engine_watchdog=False,
         chat_id_prefix="chatcmpl-", kv_blocks_device="GPU", kv_concurrency_line=True, memory_profiling_line=True,
         args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
-        kv_transfer_params=False, service_routes=(),
+        kv_transfer_params=False, service_routes=(), engine_init_words="an LLM engine",
         # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
-        sources={"version": "api_server.py:712", "args": "api_server.py:713", "engine_pid": "api_server.py:199",
+        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:712", "args": "api_server.py:713", "engine_pid": "api_server.py:199",
                  "memory_profiling": "worker.py:241", "kv_blocks": "gpu_executor.py:76",
                  "kv_concurrency": "gpu_executor.py:80", "kv_blocks_tp": "distributed_gpu_executor.py:57",
                  "kv_concurrency_tp": "distributed_gpu_executor.py:61", "routes": "launcher.py:19",
@@ -142,7 +145,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         reasoning_content=True, kv_transfer_params=False, service_routes=("/ping",),
         # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267;
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
-        sources={"version": "api_server.py:912", "args": "api_server.py:913", "engine_pid": "api_server.py:209",
+        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:912", "args": "api_server.py:913", "engine_pid": "api_server.py:209",
                  "server_start": "api_server.py:958", "memory_profiling": "worker.py:267",
                  "kv_blocks": "executor_base.py:111", "kv_concurrency": "executor_base.py:116",
                  "routes": "launcher.py:23", "route": "launcher.py:31"}),
@@ -167,7 +170,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         service_routes=("/ping", "/load"),
         # v0.9.2:vllm/entrypoints/openai/api_server.py:1395, 268, 1457; entrypoints/openai/cli_args.py:325;
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
-        sources={"version": "api_server.py:1395", "args": "cli_args.py:325", "engine_pid": "api_server.py:268",
+        sources={"engine_init": "llm_engine.py:230", "version": "api_server.py:1395", "args": "cli_args.py:325", "engine_pid": "api_server.py:268",
                  "server_start": "api_server.py:1457", "memory_profiling": "worker.py:294",
                  "kv_blocks": "executor_base.py:113", "kv_concurrency": "executor_base.py:118",
                  "v1_fallback": "arg_utils.py:1735", "routes": "launcher.py:29", "route": "launcher.py:37"}),

@@ -479,8 +479,8 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     else:
         # llm_engine.py:240-246 with VllmConfig.__str__ (config.py:4052-4085); the twin abbreviates
         # compilation_config to the fields it knows.
-        vlog.info("llm_engine.py:240", (
-            f"Initializing a V0 LLM engine (v{_version()}) with config: model={args.model!r}, "
+        vlog.info(release.source("engine_init", "llm_engine.py:240"), (
+            f"Initializing {behaviour.engine_init_words} (v{_version()}) with config: model={args.model!r}, "
             f"speculative_config=None, tokenizer={(args.tokenizer or args.model)!r}, "
             f"skip_tokenizer_init={args.skip_tokenizer_init}, tokenizer_mode={args.tokenizer_mode}, "
             f"revision={args.revision}, override_neuron_config=None, tokenizer_revision={args.tokenizer_revision}, "
