@@ -4,14 +4,15 @@ other pins, nvidia-ml-py, and a hash lock per release and lab Python.
 
     lab/vllm_twin/build_wheelhouse.py --dest .lab/wheelhouse      (or the directory as the only argument)
 
-Writes into DEST, for every release in SIMULATED_RELEASES (0.5.4 and 0.8.5.post1):
+Writes into DEST, for every release in SIMULATED_RELEASES:
 * vllm-<release>+sim-py3-none-any.whl: lab/vllm_twin/src/vllm plus copies of the BUNDLED_MODULE_UTILS,
   module_utils/revive_model.py, revive_kv.py, revive_topology.py and revive_perf.py, under
   vllm/_revive/module_utils/ (the twin reuses the project's model facts, KV sizing, topology tables and
   performance model: its `# GPU blocks` line is the planner's KV estimate and its step timing the planner's
   model), and vllm/_twin/release.json, which fixes the release the wheel simulates
-  (vllm/_twin/release.py): its version, commit, behaviour switches and, for 0.8.5.post1, the CLI table of
-  data/vllm-releases.yml its parser is built from. Requires-Dist names the release's placeholders at
+  (vllm/_twin/release.py): its version, commit, behaviour switches and its data from data/vllm-releases.yml
+  (the CLI table its parser is built from, the metric names it serves, KV sizing family, head sizes,
+  quantization minimums; check_behaviour refuses a release the twin cannot simulate as the data says). Requires-Dist names the release's placeholders at
   their exact `+sim` versions and nvidia-ml-py==13.615.71, so a resolver finds the whole set.
   `vllm==0.8.5.post1` picks it: a version specifier without a local label matches `0.8.5.post1+sim`
   (PEP 440).
