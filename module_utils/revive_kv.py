@@ -29,16 +29,23 @@ What the estimator cannot read from vLLM is the peak of step 3; it is modelled a
 
     peak = weights_per_gpu + max(forward_activation, sampler) + non_torch
 
-* ``forward_activation = tokens x dtype_bytes x (3 H + k I / TP)``: the tensors alive when the MLP's
-  down projection allocates its output in vLLM's decoder layers - residual, MLP input and output (3 H)
-  and the gate/up projection and activation outputs (k = 3 for gated MLPs, 2 otherwise; ``I`` times the
-  routed experts for MoE). Checked against logged activation peaks: Llama-3.1-8B at 20 000 and 29 000
-  tokens (#10517, within 0.3 %), Qwen2.5-1.5B at 32 768 tokens (5 % low).
+* ``forward_activation = tokens x dtype_bytes x (h H + k I / TP)``: the tensors alive at the MLP's peak in
+  vLLM's decoder layers - the layer input the model's loop still holds, the residual and the MLP input, the
+  gate/up output and the activation (k = 3 for gated MLPs, 2 otherwise; ``I`` times the routed experts for
+  MoE). h = 3 where the MLP frees gate_up before down_proj (Llama, Mistral, Phi-3) and in the 0.5.4 family;
+  h = 4 where it keeps it (Qwen2/3, InternLM2, Gemma, ...: ``GATE_UP_KEPT_MLP_TYPES``) in the families that
+  measure torch's allocated peak. Checked against logged activation peaks: Llama-3.1-8B at 20 000 and
+  29 000 tokens (#10517, within 0.3 %); Qwen2.5-1.5B / -7B at 32 768 and Qwen3-4B at 10 000 tokens
+  (within 0.5 % with h = 4, 5 % low with 3).
 * ``sampler = max_num_seqs x vocab x 36 bytes``: the float32 logits (4), their sorted copy (4) and sort
   indices (8), the softmax (4) and cumulative sum (4) of the top-p mask, the inverse permutation (8) and
-  the gathered logits (4) of ``_apply_top_k_top_p`` (0.5.4 ``layers/sampler.py``), alive together. With
+  the gathered logits (4) of ``_apply_top_k_top_p`` (0.5.4 ``layers/sampler.py``), alive together; plus
+  the model-dtype logits that ``execute_model`` keeps referenced (2 for fp16) in the allocated-peak
+  families, where five logs give 38.4-39.9 bytes per logit (``sampler_bytes_per_logit``). With
   chunked prefill the logged peaks show no sampler term (#10517 at 35k: 0.06 GiB; an A10G 131k log:
-  0.22 GiB), so none is modelled there.
+  0.22 GiB), so none is modelled there - although 0.7.3's ``_dummy_run`` samples ``max_num_seqs`` prompts
+  either way (``worker/model_runner.py:1237-1300``), and a 0.8.5 MoE log with ``--enable-chunked-prefill``
+  does show it (1.40 GiB; docs/facts/vllm-volta.md §3.7, an open question).
 * ``non_torch``: 0.10 GiB on one GPU (cuBLAS workspaces and allocator slack counted by the
   ``mem_get_info`` difference), plus 0.25 GiB + 0.05 GiB per rank with tensor parallelism (NCCL
   buffers of the torch and pynccl communicators; #7593: Gemma-2-9B at TP 8 needs ~0.7 GiB beyond the
@@ -56,7 +63,8 @@ Later releases (§3.6) change step 3-4, selected by ``sizing`` (or derived from 
   70 GiB, 8192 above, chunked prefill always on), so it no longer grows with max-model-len.
 
 Validation against vLLM's own start-up logs: tests/data/kv_observations.yml (sources inside) and
-tests/unit/test_kv_observations.py: CPU blocks exact, GPU blocks within a few percent.
+tests/unit/test_kv_observations.py: CPU blocks exact, GPU blocks within a few percent, reported per sizing
+family and per in-sample / out-of-sample point (docs/facts/vllm-volta.md §3.7).
 """
 from __future__ import annotations
 
@@ -80,6 +88,16 @@ NCCL_BASE_BYTES = int(0.25 * GiB)
 NCCL_PER_RANK_BYTES = int(0.05 * GiB)
 CUDA_CONTEXT_BYTES = int(0.27 * GiB)
 NON_GATED_MLP_TYPES = ("gpt_neox", "gpt2", "gpt_bigcode", "falcon", "phi", "opt", "bloom", "starcoder2")
+# Gated MLPs whose vLLM forward keeps the gate/up output referenced while down_proj allocates its output
+# (`gate_up, _ = ...; x = self.act_fn(gate_up)`, v0.7.3:vllm/model_executor/models/qwen2.py:95-97, the same in
+# internlm2.py:71-73, gemma2.py:81-83 and the other files listed in docs/facts/vllm-volta.md §3.7); Llama's MLP
+# rebinds `x` and frees it first (llama.py:90-92; Mistral and Phi-3 run on it).
+GATE_UP_KEPT_MLP_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen", "internlm2", "gemma", "gemma2",
+                          "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "cohere", "baichuan", "granite",
+                          "olmo", "olmo2", "stablelm", "minicpm", "exaone", "solar", "orion")
+# Families whose activation peak is torch's allocated peak (v0.6.4.post1 worker.py; v0.7.3:vllm/utils.py:2036),
+# where every live tensor counts exactly: the two refinements below apply to them, not to 0.5.4's mem_get_info.
+ALLOCATED_PEAK_SIZINGS = ("v0-torch-peak-global", "v0-per-instance")
 DEFAULT_CHUNKED_PREFILL_TOKENS = 512      # docs/facts/vllm-volta.md §2.1 --max-num-batched-tokens with chunked prefill
 CHUNKED_PREFILL_AUTO_ABOVE = 32768        # docs/facts/vllm-volta.md §2.1 --enable-chunked-prefill
 V1_LARGE_GPU_BYTES = 70 * GiB             # docs/facts/vllm-volta.md §2.2: V1 defaults switch at 70 GiB
@@ -164,16 +182,39 @@ def weights_per_gpu_bytes(model: Dict[str, Any], tensor_parallel_size: int, dtyp
     return math.ceil(total / tensor_parallel_size)
 
 
+def hidden_sized_tensors_at_peak(model: Dict[str, Any], sizing: str = "v0-mem-get-info") -> int:
+    """H-wide tensors alive at the MLP peak: 3, or 4 where the MLP keeps gate_up (allocated-peak families only).
+
+    The fourth: while a layer runs, the model's layer loop still holds the layer's input
+    (v0.7.3:vllm/model_executor/models/qwen2.py:348), so at the down projection the input, the residual, the
+    MLP input and the MLP output are alive next to gate_up (2 I) and the activation (I).
+    """
+    if sizing in ALLOCATED_PEAK_SIZINGS and model.get("model_type") in GATE_UP_KEPT_MLP_TYPES:
+        return 4
+    return 3
+
+
 def forward_activation_bytes(model: Dict[str, Any], tokens: int, tensor_parallel_size: int,
-                             dtype: str = "half") -> int:
+                             dtype: str = "half", sizing: str = "v0-mem-get-info") -> int:
     hidden = int(model["hidden_size"])
     intermediate = int(model["intermediate_size"]) * max(1, int(model.get("num_experts_per_tok") or 0))
     k = 2 if model.get("model_type") in NON_GATED_MLP_TYPES else 3
-    return tokens * DTYPE_BYTES[dtype] * (3 * hidden + k * intermediate // tensor_parallel_size)
+    h = hidden_sized_tensors_at_peak(model, sizing)
+    return tokens * DTYPE_BYTES[dtype] * (h * hidden + k * intermediate // tensor_parallel_size)
 
 
-def sampler_activation_bytes(model: Dict[str, Any], num_seqs: int) -> int:
-    return num_seqs * int(model["vocab_size"]) * SAMPLER_BYTES_PER_LOGIT
+def sampler_bytes_per_logit(sizing: str = "v0-mem-get-info", dtype: str = "half") -> int:
+    """36 (0.5.4's count), plus the logits in the model's dtype where the peak is torch's allocated peak.
+
+    execute_model keeps the model-dtype logits referenced while the sampler works on its float32 copy and
+    sorts it (v0.7.3:vllm/worker/model_runner.py:1772-1785, vllm/model_executor/layers/sampler.py:270, 392).
+    """
+    return SAMPLER_BYTES_PER_LOGIT + (DTYPE_BYTES[dtype] if sizing in ALLOCATED_PEAK_SIZINGS else 0)
+
+
+def sampler_activation_bytes(model: Dict[str, Any], num_seqs: int, sizing: str = "v0-mem-get-info",
+                             dtype: str = "half") -> int:
+    return num_seqs * int(model["vocab_size"]) * sampler_bytes_per_logit(sizing, dtype)
 
 
 def non_torch_bytes(tensor_parallel_size: int, sizing: str) -> int:
@@ -257,8 +298,8 @@ def kv_cache_plan(
                                              pipeline_parallel_size)
     weights = (weights_bytes_per_gpu if weights_bytes_per_gpu is not None
                else weights_per_gpu_bytes(model, tensor_parallel_size * pipeline_parallel_size, dtype))
-    forward = forward_activation_bytes(model, max_num_batched_tokens, tensor_parallel_size, dtype)
-    sampler = 0 if chunked else sampler_activation_bytes(model, max_num_seqs)
+    forward = forward_activation_bytes(model, max_num_batched_tokens, tensor_parallel_size, dtype, sizing)
+    sampler = 0 if chunked else sampler_activation_bytes(model, max_num_seqs, sizing, dtype)
     peak_activation = max(forward, sampler)
     non_torch = non_torch_bytes(tensor_parallel_size, sizing)
     if sizing == "v0-torch-peak-global":

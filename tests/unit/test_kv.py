@@ -133,6 +133,40 @@ def test_activation_terms():
     assert forward_activation_bytes(neox, 10, 1) == 10 * 2 * (3 * 6144 + 2 * 24576)
 
 
+@pytest.mark.parametrize("name, hidden, intermediate, vocab", [
+    ("qwen2-7b-instruct", 3584, 18944, 152064), ("internlm2-chat-20b", 6144, 16384, 92544),
+    ("gemma-2-9b-it", 3584, 14336, 256000),
+])
+def test_allocated_peak_families_count_the_kept_gate_up_and_the_model_dtype_logits(name, hidden, intermediate,
+                                                                                   vocab):
+    # Qwen2/InternLM2/Gemma-2 MLPs keep gate_up alive at down_proj, so the layer input held by the model's
+    # loop is a fourth H-wide tensor; 0.5.4's calibrated model keeps three (docs/facts/vllm-volta.md §3.7).
+    facts = model(name)
+    assert forward_activation_bytes(facts, 1000, 2, sizing="v0-per-instance") == \
+        1000 * 2 * (4 * hidden + 3 * intermediate // 2)
+    assert forward_activation_bytes(facts, 1000, 2, sizing="v0-torch-peak-global") == \
+        1000 * 2 * (4 * hidden + 3 * intermediate // 2)
+    assert forward_activation_bytes(facts, 1000, 2) == 1000 * 2 * (3 * hidden + 3 * intermediate // 2)
+    assert sampler_activation_bytes(facts, 256, "v0-per-instance", "half") == 256 * vocab * 38
+    assert sampler_activation_bytes(facts, 256, "v0-per-instance", "float32") == 256 * vocab * 40
+    assert sampler_activation_bytes(facts, 256, "v0-mem-get-info", "half") == 256 * vocab * 36
+
+
+def test_llama_mlp_frees_gate_up_so_three_hidden_tensors_stay_in_every_family():
+    facts = model("meta-llama-3-8b-instruct")
+    for sizing in ("v0-mem-get-info", "v0-torch-peak-global", "v0-per-instance"):
+        assert forward_activation_bytes(facts, 1000, 1, sizing=sizing) == 1000 * 2 * (3 * 4096 + 3 * 14336)
+
+
+def test_the_per_instance_plan_of_a_qwen_model_uses_both_refinements():
+    facts = model("qwen2-7b-instruct")
+    plan = kv_cache_plan(facts, 1, int(31.74 * GiB), 0.9, 4, max_model_len=32768, release="0.8.5.post1")
+    assert plan.forward_activation == 32768 * 2 * (4 * 3584 + 3 * 18944)
+    assert plan.sampler_activation == 256 * 152064 * 38
+    old = kv_cache_plan(facts, 1, int(31.74 * GiB), 0.9, 4, max_model_len=32768, release="0.5.4")
+    assert old.forward_activation == 32768 * 2 * (3 * 3584 + 3 * 18944)
+
+
 @pytest.mark.parametrize("release, engine, sizing", [
     ("0.5.4", None, "v0-mem-get-info"), ("0.6.3.post1", None, "v0-mem-get-info"),
     ("0.6.4.post1", None, "v0-torch-peak-global"), ("0.6.5", None, "v0-per-instance"),
