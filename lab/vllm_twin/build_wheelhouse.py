@@ -100,9 +100,18 @@ def _module_utils(name: str):
     return module_utils(name)
 
 
+_LOADED: Dict[Tuple[str, int], Any] = {}
+
+
 def release_entry(version: str, path: Path = RELEASES):
-    """The release of data/vllm-releases.yml (through module_utils/revive_releases.py)."""
-    return _module_utils("revive_releases").load_release_file(str(path)).release(version)
+    """The release of data/vllm-releases.yml (through module_utils/revive_releases.py). The file is parsed once
+    per content (pure-Python YAML takes about a second for it; a build asks for every release's entry several
+    times)."""
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _module_utils("revive_releases").load_release_file(str(path))
+    return _LOADED[key].release(version)
 
 
 def _twin_module(name: str):
