@@ -15,8 +15,8 @@ The algorithm of 0.5.4 (docs/facts/vllm-volta.md §3.1-§3.4), per GPU worker:
 1. ``bytes_per_block = block_size x max(1, kv_heads // TP) x head_dim x layers x 2 (K and V) x dtype
    bytes`` (``CacheEngine.get_cache_block_size``, §3.3).
 2. A profile run pushes ``max_num_batched_tokens`` tokens (default ``max(max_model_len, 2048)``; 512
-   with chunked prefill, which turns itself on above 32768) in ``max_num_seqs`` dummy prompts through
-   the model and samples one token per prompt with top-k = vocab - 1 and top-p 0.99 (§3.2).
+   with chunked prefill, which turns itself on above 32768, 2048 from 0.6.5 on) in ``max_num_seqs`` dummy
+   prompts through the model and samples one token per prompt with top-k = vocab - 1 and top-p 0.99 (§3.2).
 3. ``peak = free_at_init - free_after_profile``: weights + the caching allocator's peak + memory
    allocated outside torch (NCCL buffers, cuBLAS workspaces). The CUDA context predates the snapshot
    and is not counted (§3.1).
@@ -99,6 +99,9 @@ GATE_UP_KEPT_MLP_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen", "i
 # where every live tensor counts exactly: the two refinements below apply to them, not to 0.5.4's mem_get_info.
 ALLOCATED_PEAK_SIZINGS = ("v0-torch-peak-global", "v0-per-instance")
 DEFAULT_CHUNKED_PREFILL_TOKENS = 512      # docs/facts/vllm-volta.md §2.1 --max-num-batched-tokens with chunked prefill
+# ... 2048 in the per-instance releases (v0.6.6.post1:vllm/config.py:1427-1438, v0.7.3:vllm/config.py:1522-1532,
+# v0.9.2:vllm/config.py:2242-2253); 0.6.4.post1 still profiled 512 tokens (#10517 at 35k: 0.06 GiB).
+DEFAULT_CHUNKED_PREFILL_TOKENS_PER_INSTANCE = 2048
 CHUNKED_PREFILL_AUTO_ABOVE = 32768        # docs/facts/vllm-volta.md §2.1 --enable-chunked-prefill
 V1_LARGE_GPU_BYTES = 70 * GiB             # docs/facts/vllm-volta.md §2.2: V1 defaults switch at 70 GiB
 
@@ -241,6 +244,8 @@ def default_max_num_batched_tokens(max_model_len: int, sizing: str, chunked_pref
     if sizing == "v1":
         return 8192 if gpu_total_bytes >= V1_LARGE_GPU_BYTES else 2048
     if chunked_prefill:
+        if sizing == "v0-per-instance":
+            return DEFAULT_CHUNKED_PREFILL_TOKENS_PER_INSTANCE
         return DEFAULT_CHUNKED_PREFILL_TOKENS
     return max(max_model_len, 2048)
 

@@ -205,3 +205,11 @@ def test_estimate_is_plain_data():
     data = estimate.as_dict()
     assert data["bytes_per_block"] == 8 * MiB and data["num_cpu_blocks"] == 2048
     assert estimate.log_line() == f"# GPU blocks: {estimate.num_gpu_blocks}, # CPU blocks: 2048"
+
+
+def test_the_chunked_prefill_profile_batch_is_2048_tokens_from_the_per_instance_releases_on():
+    assert default_max_num_batched_tokens(40000, "v0-torch-peak-global", True) == 512
+    assert default_max_num_batched_tokens(40000, "v0-per-instance", True) == 2048
+    facts = model("qwen2-7b-instruct")
+    plan = kv_cache_plan(facts, 1, int(31.74 * GiB), 0.9, 4, max_model_len=65536, release="0.8.5.post1")
+    assert plan.chunked_prefill and plan.profile_tokens == 2048
