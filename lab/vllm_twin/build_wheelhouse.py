@@ -137,10 +137,17 @@ def release_data(entry) -> Dict[str, Any]:
     """The fields of the release's entry the twin follows (vllm/_twin/release.py ReleaseData), as release.json
     holds them."""
     raw = entry.raw
+    missing = [key for key in ("metrics_need_disable_frontend_multiprocessing", "paged_attention_head_sizes",
+                               "swap_space_limits", "chunked_prefill_auto_above", "custom_all_reduce") if key not in raw]
+    if missing:
+        raise SystemExit(f"data/vllm-releases.yml: {entry.version} has no {', '.join(missing)}; the twin follows them")
     return {"metrics_need_disable_frontend_multiprocessing": bool(raw["metrics_need_disable_frontend_multiprocessing"]),
             "kv_sizing": entry.kv_sizing_by_engine["V0"],
             "paged_attention_head_sizes": list(raw["paged_attention_head_sizes"]),
-            "quantization_min_cc": dict(entry.quantization_min_cc), "metrics": list(entry.metrics)}
+            "quantization_min_cc": dict(entry.quantization_min_cc), "metrics": list(entry.metrics),
+            "swap_space_limits": dict(raw["swap_space_limits"]),
+            "chunked_prefill_auto_above": raw["chunked_prefill_auto_above"],
+            "custom_all_reduce": dict(raw["custom_all_reduce"])}
 
 
 def check_behaviour(version: str, entry) -> None:

@@ -91,6 +91,8 @@ def test_each_release_gets_its_twin_wheel_with_its_release_file_and_pins():
         "0.8.5.post1", "0.8.5.post1+sim", "table")
     entry = build_wheelhouse.release_entry("0.8.5.post1")
     assert release["cli"]["arguments"] == build_wheelhouse.table_arguments(entry)
+    # the release's data, copied in (no table of the twin repeats it)
+    assert release["data"] == build_wheelhouse.release_data(entry)
     assert release["data"]["quantization_min_cc"] == entry.quantization_min_cc
     assert release["data"]["metrics"] == list(entry.metrics)
     with zipfile.ZipFile(io.BytesIO(build_wheelhouse.twin_wheel()[1])) as wheel:

@@ -113,6 +113,9 @@ class ReleaseData:
     paged_attention_head_sizes: Tuple[int, ...]  # PagedAttention head sizes of the xFormers backend on CC < 8.0
     quantization_min_cc: Dict[str, int]          # get_min_capability() x 10 per quantization method
     metrics: Tuple[str, ...]                     # the names /metrics serves (vllm/_twin/metrics.py FAMILIES)
+    swap_space_limits: Dict[str, float]          # error_fraction / warn_fraction of host RAM (CacheConfig)
+    chunked_prefill_auto_above: int              # V0 turns chunked prefill on above this max_model_len
+    custom_all_reduce: Dict[str, Any]            # world_sizes, pcie_only_max_world_size
 
 
 BEHAVIOURS: Dict[str, Behaviour] = {
@@ -195,7 +198,9 @@ CHECKOUT_DATA = ReleaseData(
         "vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency",
         "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_emitted_tokens_total", "vllm:avg_prompt_throughput_toks_per_s",
-        "vllm:avg_generation_throughput_toks_per_s"))
+        "vllm:avg_generation_throughput_toks_per_s"),
+    swap_space_limits={"error_fraction": 0.7, "warn_fraction": 0.4}, chunked_prefill_auto_above=32768,
+    custom_all_reduce={"world_sizes": [2, 4, 6, 8], "pcie_only_max_world_size": 2})
 
 # The upstream commit each release was built from (what `vllm.__commit__` says). 0.5.4: its wheel's
 # vllm/commit_id.py. The later wheels carry no commit id (vllm/version.py reads setuptools-scm's _version.py
@@ -254,7 +259,11 @@ def data_from(raw: Dict[str, Any]) -> ReleaseData:
     return ReleaseData(
         metrics_need_disable_frontend_multiprocessing=bool(raw["metrics_need_disable_frontend_multiprocessing"]),
         kv_sizing=str(raw["kv_sizing"]), paged_attention_head_sizes=tuple(raw["paged_attention_head_sizes"]),
-        quantization_min_cc=dict(raw["quantization_min_cc"]), metrics=tuple(raw["metrics"]))
+        quantization_min_cc=dict(raw["quantization_min_cc"]), metrics=tuple(raw["metrics"]),
+        swap_space_limits={k: float(v) for k, v in raw["swap_space_limits"].items()},
+        chunked_prefill_auto_above=int(raw["chunked_prefill_auto_above"]),
+        custom_all_reduce={"world_sizes": list(raw["custom_all_reduce"]["world_sizes"]),
+                           "pcie_only_max_world_size": int(raw["custom_all_reduce"]["pcie_only_max_world_size"])})
 
 
 def from_json(data: Dict[str, Any]) -> Release:

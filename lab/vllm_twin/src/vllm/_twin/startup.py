@@ -284,7 +284,8 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
     elif not release.legacy:
         engine_choice(args, visible, environ)
         # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563)
-        if chunked is None and max_model_len > 32768 and not facts.get("sliding_window"):
+        if chunked is None and max_model_len > release.data.chunked_prefill_auto_above and \
+                not facts.get("sliding_window"):
             chunked = True
             vlog.warning("arg_utils.py:1525", "Chunked prefill is enabled by default for models with max_model_len "
                          "> 32K. Chunked prefill might not work with some features or models. If you encounter any "
@@ -313,7 +314,7 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
         raise StartupFailure("ValueError", "The number of required GPUs exceeds the total number of available "
                              "GPUs in the placement group.")
     if chunked is None:
-        chunked = revive_kv.chunked_prefill_enabled(max_model_len, "v0-mem-get-info")
+        chunked = max_model_len > release.data.chunked_prefill_auto_above
     max_num_batched_tokens = args.max_num_batched_tokens
     if max_num_batched_tokens is None:
         if release.legacy:
@@ -346,7 +347,9 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
             "Pipeline parallelism is not supported for this model. Supported models implement the `SupportsPP` "
             "interface."))
     ram, ram_source = gpu_mod.host_ram_bytes(environ)
-    level, message = revive_kv.swap_space_check(args.swap_space, args.tensor_parallel_size, ram)
+    limits = release.data.swap_space_limits
+    level, message = revive_kv.swap_space_check(args.swap_space, args.tensor_parallel_size, ram,
+                                                limits["error_fraction"], limits["warn_fraction"])
     if level == "error":
         raise StartupFailure("ValueError", message)
     if level == "warn":
@@ -506,14 +509,15 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     topo = gpu_mod.topology(pynvml, group)
     prefixes = worker_prefixes(world)
     wait(perf.init_seconds(world))
+    all_reduce = release.data.custom_all_reduce
     if world > 1 and not args.disable_custom_all_reduce:
         for prefix in [""] + prefixes:
-            if world not in (2, 4, 6, 8):
+            if world not in all_reduce["world_sizes"]:
                 vlog.warning(pick("custom_all_reduce.py:81", "custom_all_reduce.py:97"), "Custom allreduce is "
                              f"disabled due to an unsupported world size: {world}. Supported world sizes: "
-                             "[2, 4, 6, 8]. To silence this warning, specify disable_custom_all_reduce=True "
-                             "explicitly.", prefix)
-            elif world > 2 and not topo.all_nvlink:
+                             f"{all_reduce['world_sizes']}. To silence this warning, specify "
+                             "disable_custom_all_reduce=True explicitly.", prefix)
+            elif world > all_reduce["pcie_only_max_world_size"] and not topo.all_nvlink:
                 vlog.warning(pick("custom_all_reduce.py:118", "custom_all_reduce.py:136"), "Custom allreduce is "
                              "disabled because it's not supported on more than two PCIe-only GPUs. To silence this "
                              "warning, specify disable_custom_all_reduce=True explicitly.", prefix)
