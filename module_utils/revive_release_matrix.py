@@ -9,8 +9,8 @@ its lock needs a distribution PyPI removed).
 
 Per release: status, lowest CC, engine and attention backend on each CC of CCS, pins, locks (one per Python,
 complete or listing what is missing), PyPI installability with its reason and remedy, known issues (the
-refusal and experimental reasons the planner gives on those CCs), and for each GPU set whether a pinned plan
-would take it and whether the planner picks it by default.
+refusal and experimental reasons the planner gives on those CCs, then the release's `known_issues`),
+and for each GPU set whether a pinned plan would take it and whether the planner picks it by default.
 """
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def matrix(data: ReleaseData, lock_dir: str, gpu_sets: Dict[str, Dict[str, Any]]
         issues = sorted({cell["reason"] for cell in by_cc.values() if not cell["ok"]} |
                         {w for cell in by_cc.values() if cell["ok"] for w in cell["warnings"]
                          if "experimental" in w})
+        # then the failures the data records that the release rule does not refuse, each with its source
+        issues += [f"on {item['scope']}: {item['issue']} ({item['source']})" for item in release.known_issues]
         rows.append({
             "version": version,
             "status": release.status,

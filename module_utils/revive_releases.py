@@ -22,6 +22,17 @@ ARG_TYPES = ("str", "nullable_str", "int", "float", "json", "bool", "human_reada
              "human_readable_int_or_auto")
 VALUELESS_ACTIONS = ("store_true", "store_false", "BooleanOptionalAction")
 STATUSES = ("supported", "experimental", "refused", "refused-on-volta")
+# How a release chooses between its engines (docs/facts/vllm-volta.md §1.1): v0-only (<= 0.6.3: no V1);
+# v1-opt-in (0.6.4 - 0.7.3: V0 unless VLLM_USE_V1=1, which selects the alpha V1 that cannot run on CC < 8.0);
+# v1-default-cc8-fallback (0.8.0 - 0.10.1.1: V1 unless the oracle falls back, always on CC < 8.0);
+# v1-only (0.11.0 on).
+ENGINE_ORACLES = ("v0-only", "v1-opt-in", "v1-default-cc8-fallback", "v1-only")
+# What xFormers does with a model's attention logit soft-capping (Gemma-2): 0.5.4 raises at start
+# (v0.5.4:vllm/attention/backends/xformers.py:416-418); 0.6.6.post1 - 0.9.2 log a warning and run without it
+# (v0.9.2:vllm/attention/backends/xformers.py:401-403: "Outputs may be slightly off").
+SOFTCAP_FAILURES = ("raises", "ignored-with-warning")
+# Where a release's known_issues apply: the GPUs below compute capability 8.0 (Volta, Turing), or every GPU.
+ISSUE_SCOPES = ("CC < 8.0", "every GPU")
 
 
 class ReleaseDataError(Exception):
@@ -121,6 +132,8 @@ class Release:
     raw: Dict[str, Any] = field(repr=False)
     installability: Optional[Installability] = None
     kernels: Tuple[KernelScan, ...] = ()
+    engine_oracle: Optional[str] = None
+    known_issues: Tuple[Dict[str, str], ...] = ()
 
     def kernel_gaps(self, cc: Tuple[int, int]) -> List[str]:
         """Compiled dependencies of the release with no code for this CC (from the wheels' fatbin scan)."""
@@ -305,6 +318,7 @@ def _load_release(version: str, entry: Any) -> Release:
     for name, mapping in (("engine_by_cc", engine_by_cc), ("attention_backend_by_cc", backend_by_cc)):
         if set(mapping) != by_cc_keys:
             raise ReleaseDataError(f"{where}.{name}: expected exactly the keys below_8 and from_8")
+    engine_oracle = _check_engine_oracle(entry, engine_by_cc, where)
     kv_sizing = _require(entry, "kv_sizing_by_engine", dict, where)
     for engine, family in kv_sizing.items():
         if family not in KV_SIZING_FAMILIES:
@@ -350,13 +364,47 @@ def _load_release(version: str, entry: Any) -> Release:
             raise ReleaseDataError(f"{where}: a release with a lock block needs an installability block")
     kernels = tuple(_load_kernel_scan(scan, f"{where}.kernels[{n}]")
                     for n, scan in enumerate(entry.get("kernels") or []))
+    softcap_failure = entry.get("xformers_logit_softcapping_failure")
+    if softcap_failure is not None and softcap_failure not in SOFTCAP_FAILURES:
+        raise ReleaseDataError(f"{where}.xformers_logit_softcapping_failure: {softcap_failure!r} is not one of "
+                               f"{', '.join(SOFTCAP_FAILURES)}")
+    known_issues = []
+    for n, item in enumerate(entry.get("known_issues") or []):
+        if not isinstance(item, dict):
+            raise ReleaseDataError(f"{where}.known_issues[{n}]: expected a mapping with scope, issue and source")
+        known_issues.append({key: " ".join(str(_require(item, key, str, f"{where}.known_issues[{n}]")).split())
+                             for key in ("scope", "issue", "source")})
+        if known_issues[-1]["scope"] not in ISSUE_SCOPES:
+            raise ReleaseDataError(f"{where}.known_issues[{n}].scope: {item['scope']!r} is not one of "
+                                   f"{', '.join(ISSUE_SCOPES)}")
     return Release(
         version=version, status=status, min_compute_capability=min_cc, engine_by_cc=dict(engine_by_cc),
         attention_backend_by_cc=dict(backend_by_cc), kv_sizing_by_engine=dict(kv_sizing),
         pins={k: str(v) for k, v in pins.items()}, driver=dict(driver), defaults=dict(defaults),
         quantization_min_cc=dict(quant), entrypoint=tuple(entrypoint), cli_complete=complete,
         arguments=arguments, metrics=tuple(metrics), raw=entry, installability=installability,
-        kernels=kernels)
+        kernels=kernels, engine_oracle=engine_oracle, known_issues=tuple(known_issues))
+
+
+def _check_engine_oracle(entry: Dict[str, Any], engine_by_cc: Dict[str, str], where: str) -> Optional[str]:
+    """The optional `engine_oracle`: engine_by_cc and the plan's environment must be what that oracle gives."""
+    oracle = entry.get("engine_oracle")
+    if oracle is None:
+        return None
+    if oracle not in ENGINE_ORACLES:
+        raise ReleaseDataError(f"{where}.engine_oracle: {oracle!r} is not one of {', '.join(ENGINE_ORACLES)}")
+    expected = {"v0-only": {"below_8": "V0", "from_8": "V0"}, "v1-opt-in": {"below_8": "V0", "from_8": "V0"},
+                "v1-default-cc8-fallback": {"below_8": "V0", "from_8": "V1"}}.get(oracle)
+    if expected is not None and dict(engine_by_cc) != expected:
+        raise ReleaseDataError(f"{where}.engine_by_cc: {oracle} gives {expected}, not {dict(engine_by_cc)}")
+    engine_env = entry.get("engine_env") or {}
+    below = (engine_env.get("below_8") or {}).get("VLLM_USE_V1")
+    if oracle == "v1-default-cc8-fallback" and below != "0":
+        raise ReleaseDataError(f"{where}.engine_env.below_8: {oracle} needs VLLM_USE_V1: \"0\" (VLLM_USE_V1=1 on "
+                               "CC < 8.0 raises NotImplementedError; unset, every start first tries V1)")
+    if oracle in ("v0-only", "v1-opt-in") and "1" in (below, (engine_env.get("from_8") or {}).get("VLLM_USE_V1")):
+        raise ReleaseDataError(f"{where}.engine_env: {oracle} plans V0, so VLLM_USE_V1 must not be \"1\"")
+    return str(oracle)
 
 
 def _load_installability(entry: Any, where: str) -> Optional[Installability]:

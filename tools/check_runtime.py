@@ -57,14 +57,17 @@ STEP_TIMEOUT_S = 900
 def _parse_in_venv(source: str, out: str) -> int:
     """Parse every argv of `source` (JSON list of {label, argv}) with the server's own parser."""
     from vllm.entrypoints.openai import cli_args
-    from vllm.utils import FlexibleArgumentParser
+
+    # built as tools/release_facts.py builds it: the __main__ block's parser, on a CUDA platform stand-in where
+    # the release cannot build it without a GPU (0.9.x); this script's directory is sys.path[0]
+    from release_facts import build_server_parser
 
     with open(source, encoding="utf-8") as handle:
         cases = json.load(handle)
     results = []
     for case in cases:
         # a fresh parser per argv, as each server process builds its own (argparse actions keep no state)
-        parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+        parser, _ = build_server_parser()
         stderr = io.StringIO()
         error = None
         try:
@@ -217,6 +220,14 @@ IMPORT_PROBE = (
 )
 
 
+NO_DEVICE_ERROR = "Failed to infer device type"  # tools/release_facts.py NO_DEVICE_ERROR
+HELP_ON_STAND_IN = (
+    f"import runpy, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import release_facts; "
+    "release_facts.stand_in_cuda_platform(); sys.argv = ['api_server', '--help']; "
+    "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__')"
+)
+
+
 def check_venv(report: Report, release: str, venv: Path) -> bool:
     """pip check, import vllm, the server's --help. True when all three pass."""
     python = str(venv / "bin" / "python")
@@ -242,9 +253,14 @@ def check_venv(report: Report, release: str, venv: Path) -> bool:
                     f"{len(warnings)} warning line(s) without a GPU"
                     + (f", first: {warnings[0].split(']', 1)[-1].strip()[:100]}" if warnings else ""))
     helped = run([python, "-m", "vllm.entrypoints.openai.api_server", "--help"])
+    how = ""
+    if helped.returncode != 0 and NO_DEVICE_ERROR in helped.stdout + helped.stderr:
+        # 0.9.x cannot build its parser without a GPU (DeviceConfig needs a device type): again on the stand-in
+        helped = run([python, "-c", HELP_ON_STAND_IN])
+        how = f" on the CUDA platform stand-in (plain --help without a GPU: RuntimeError '{NO_DEVICE_ERROR}')"
     if helped.returncode == 0:
         options = len(re.findall(r"^\s{2}(-{1,2}[A-Za-z])", helped.stdout, re.MULTILINE))
-        report.line(f"  --help    exit 0, {len(helped.stdout.splitlines())} lines on stdout, {options} option lines")
+        report.line(f"  --help    exit 0, {len(helped.stdout.splitlines())} lines on stdout, {options} option lines{how}")
     else:
         ok = False
         report.fail(f"api_server --help in {venv} (exit {helped.returncode})", _tail(helped.stdout + helped.stderr))

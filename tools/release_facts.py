@@ -82,6 +82,25 @@ TYPE_MAP: Dict[str, TypeMapping] = {
     "optional_type(json.loads)": TypeMapping(
         "json", False, "'' / 'None' (None), a JSON object '{...}', or KEY=INT[,KEY=INT] (deprecated); the table "
         "takes any JSON and refuses KEY=INT"),
+    # 0.9.2 (v0.9.2:vllm/engine/arg_utils.py:57-85): parse_type(json.loads) is optional_type(json.loads) without
+    # the ''/'None' case; union_dict_and_str passes a string that is not '{...}' through and parses one that is.
+    "parse_type(json.loads)": TypeMapping(
+        "json", False, "a JSON object '{...}', or KEY=INT[,KEY=INT] (deprecated); the table takes any JSON and "
+        "refuses KEY=INT"),
+    "vllm.engine.arg_utils.union_dict_and_str": TypeMapping(
+        "str", False, "any string; one of the form '{...}' must be a JSON object (the table checks nothing)"),
+    "optional_type(vllm.engine.arg_utils.union_dict_and_str)": TypeMapping(
+        "str", False, "'' / 'None' (None), or what union_dict_and_str takes (the table checks nothing)"),
+    "optional_type(parse_type(json.loads))": TypeMapping(
+        "json", False, "'' / 'None' (None), a JSON object '{...}', or KEY=INT[,KEY=INT] (deprecated); the table "
+        "takes any JSON and refuses KEY=INT"),
+    "parse_dataclass(vllm.config.CompilationConfig)": TypeMapping(
+        "json", False, "a JSON object of CompilationConfig fields (from_cli: pydantic validate_json); -O3 / -O 3 "
+        "are rewritten to -O.level first by FlexibleArgumentParser (the table takes any JSON, and not -O3)"),
+    "optional_type(parse_dataclass(vllm.config.KVTransferConfig))": TypeMapping(
+        "json", False, "'' / 'None' (None), or a JSON object of KVTransferConfig fields (the table takes any JSON)"),
+    "optional_type(parse_dataclass(vllm.config.KVEventsConfig))": TypeMapping(
+        "json", False, "'' / 'None' (None), or a JSON object of KVEventsConfig fields (the table takes any JSON)"),
     "vllm.engine.arg_utils.human_readable_int": TypeMapping(
         "human_readable_int", True, "int(value), or NUMBER[kmg] (x1000^n) / INT[KMG] (x1024^n)"),
     "vllm.config.PoolerConfig.from_json": TypeMapping(
@@ -102,11 +121,18 @@ def describe_type(kind: Any) -> str:
     qualname = getattr(kind, "__qualname__", type(kind).__qualname__)
     module = getattr(kind, "__module__", None) or type(kind).__module__
     code = getattr(kind, "__code__", None)
-    # vllm.engine.arg_utils.optional_type(return_type) returns a closure named _optional_type (0.8.x on)
-    if qualname.endswith("optional_type.<locals>._optional_type") and code is not None and kind.__closure__:
-        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in kind.__closure__)))
-        if "return_type" in cells:
-            return f"optional_type({describe_type(cells['return_type'])})"
+    # vllm.engine.arg_utils.optional_type(return_type) returns a closure named _optional_type (0.8.x on), and
+    # parse_type(return_type) one named _parse_type (0.9.x: v0.9.2:vllm/engine/arg_utils.py:57-68)
+    for wrapper in ("optional_type", "parse_type"):
+        if qualname.endswith(f"{wrapper}.<locals>._{wrapper}") and code is not None and kind.__closure__:
+            cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in kind.__closure__)))
+            if "return_type" in cells:
+                return f"{wrapper}({describe_type(cells['return_type'])})"
+    # 0.9.x wraps a config dataclass field in a closure with the class as a default argument
+    # (v0.9.2:vllm/engine/arg_utils.py:209-218 parse_dataclass: cls.from_cli, else pydantic validate_json)
+    if qualname.endswith("_compute_kwargs.<locals>.parse_dataclass") and getattr(kind, "__defaults__", None):
+        target = kind.__defaults__[0]
+        return f"parse_dataclass({target.__module__}.{target.__qualname__})"
     return f"{module}.{qualname}"
 
 
@@ -174,19 +200,59 @@ def dump_actions(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
     return rows
 
 
-def build_server_parser() -> argparse.ArgumentParser:
-    """The parser of `python -m vllm.entrypoints.openai.api_server` (its `__main__` block, 0.8.x)."""
+# vLLM 0.9 builds config dataclasses while it builds the parser (v0.9.2:vllm/engine/arg_utils.py:906
+# get_kwargs(VllmConfig) calls DeviceConfig()), and DeviceConfig(device="auto") raises this without a GPU
+# (v0.9.2:vllm/config.py:2407-2416): no platform plugin finds a device, so current_platform is Unspecified.
+NO_DEVICE_ERROR = "Failed to infer device type"
+STAND_IN_NOTE = ("no GPU here: built under a CUDA-typed stand-in for vllm.platforms.current_platform; "
+                 "DeviceConfig() needs a device type while the parser is built (vllm/config.py)")
+
+
+def stand_in_cuda_platform() -> None:
+    """Make vLLM's lazily resolved current_platform report CUDA (what every node has) on a machine without
+    a GPU. Only the parser is built under it: the stand-in has the device type and enum of CUDA, no kernels."""
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import Platform, PlatformEnum
+
+    class CudaStandIn(Platform):
+        _enum = PlatformEnum.CUDA
+        device_name = "cuda"
+        device_type = "cuda"
+        dispatch_key = "CUDA"
+        ray_device_key = "GPU"
+        device_control_env_var = "CUDA_VISIBLE_DEVICES"
+
+    if "_current_platform" not in vars(platforms):
+        raise FactsError("this vLLM resolves current_platform at import; the stand-in cannot replace it")
+    platforms._current_platform = CudaStandIn()
+
+
+def build_server_parser() -> Tuple[argparse.ArgumentParser, bool]:
+    """The parser of `python -m vllm.entrypoints.openai.api_server` (its `__main__` block:
+    make_arg_parser(FlexibleArgumentParser(...)) in 0.6.6.post1 - 0.9.2), and whether it needed the
+    CUDA platform stand-in (0.9.x without a GPU)."""
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+    def build() -> argparse.ArgumentParser:
+        return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+
+    try:
+        return build(), False
+    except RuntimeError as exc:
+        if NO_DEVICE_ERROR not in str(exc):
+            raise
+    stand_in_cuda_platform()
+    return build(), True
 
 
 def _dump_cli_in_venv(out: str) -> int:
     import importlib.metadata as metadata
 
-    rows = dump_actions(build_server_parser())
-    facts = {"vllm": metadata.version("vllm"), "python": "%d.%d" % sys.version_info[:2], "arguments": rows}
+    parser, stand_in = build_server_parser()
+    rows = dump_actions(parser)
+    facts = {"vllm": metadata.version("vllm"), "python": "%d.%d" % sys.version_info[:2], "arguments": rows,
+             "platform_stand_in": stand_in}
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(facts, handle)
     return 0
@@ -483,6 +549,8 @@ def cmd_cli(args: argparse.Namespace) -> int:
     summary = (f"{len(rows)} actions of make_arg_parser(FlexibleArgumentParser()) plus -h, vLLM {args.release} on "
                f"Python {facts['python']}; built {len(variants)} times (PYTHONHASHSEED 0-{args.hash_seeds - 1}, "
                "VLLM_USE_V1 unset and 0)")
+    if any(facts_.get("platform_stand_in") for _, facts_ in variants):
+        summary += f"; {STAND_IN_NOTE}"
     block = cli_block(rows, source, summary)
     approximated = [r for r in rows if "parser_type" in r]
     print(f"vllm {facts['vllm']} (Python {facts['python']}): {len(rows)} actions; generated_from: {source} ({how})")
@@ -719,6 +787,32 @@ def check_kernels_loaded(release: str, results: List[Dict[str, Any]]) -> Callabl
     return check
 
 
+def compare_torch_arch_list(flags: Sequence[str], torch_result: Dict[str, Any]) -> Tuple[bool, str]:
+    """(failed, verdict): torch's compiled arch list against the cubins found in its .so files.
+
+    Every listed sm_XX must be among the cubins. A cubin sm_XX the list lacks is accepted only where a minority
+    of a file's containers carry it: single .cu files built with their own -gencode (torch 2.7.0's
+    libtorch_cuda.so has sm_89 in 2 of 378 containers); more than that means the scan or the list is wrong."""
+    compiled = sorted(int(f[3:]) for f in flags if f.startswith("sm_"))
+    found = list(torch_result["cubin_archs"])
+    missing = [a for a in compiled if a not in found]
+    extra: List[str] = []
+    failed = bool(missing)
+    for arch in (a for a in found if a not in compiled):
+        for name, archs in torch_result["files_with_fatbin"].items():
+            count = archs["containers_with"].get(arch, 0)
+            if count:
+                extra.append(f"sm_{arch} in {count} of {archs['containers']} containers of {name}")
+                failed = failed or 2 * count > archs["containers"]
+    if missing:
+        return True, f"DIFFERS: no cubins for {', '.join(f'sm_{a}' for a in missing)}"
+    if failed:
+        return True, f"DIFFERS: cubins beyond the list in most containers: {'; '.join(extra)}"
+    if extra:
+        return False, f"every listed arch has cubins; per-file extras: {'; '.join(extra)}"
+    return False, "matches the cubins found"
+
+
 def cmd_kernels(args: argparse.Namespace) -> int:
     site = site_packages(args.python)
     vllm_version = dist_info(site, "vllm").name[len("vllm-"):-len(".dist-info")]
@@ -728,10 +822,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     # a third opinion for torch: the arch list it was compiled with (readable without a GPU)
     flags = _run_venv(args.python, ["-c", "import torch; print(torch._C._cuda_getArchFlags())"]).split()
     torch_result = next(r for r in results if r["distribution"] == "torch")
-    compiled = sorted(int(f[3:]) for f in flags if f.startswith("sm_"))
-    failed = compiled != torch_result["cubin_archs"]
-    print(f"torch._C._cuda_getArchFlags(): {' '.join(flags)} "
-          f"({'matches' if not failed else 'DIFFERS from'} the cubins found)")
+    failed, verdict = compare_torch_arch_list(flags, torch_result)
+    print(f"torch._C._cuda_getArchFlags(): {' '.join(flags)} ({verdict})")
     for result in results:
         print(json.dumps({k: result[k] for k in ("distribution", "version", "files_scanned", "cubin_archs",
                                                   "ptx_archs")}))

@@ -175,6 +175,13 @@ def check_model(model: Dict[str, Any], gpus: GpuSet, release: Release, backend: 
             f"{model.get('path')}: head size {model['head_dim']} is not supported by PagedAttention in vLLM "
             f"{release.version} (supported: {head_sizes}).", "docs/facts/vllm-volta.md §1.3")
     if model.get("attn_logit_softcapping") and backend == "XFORMERS" and not release.get("xformers_logit_softcapping"):
+        if release.get("xformers_logit_softcapping_failure") == "ignored-with-warning":
+            raise PlanRefusal(
+                f"{model.get('path')}: the model uses attention logit soft-capping (Gemma-2) and vLLM "
+                f"{release.version} runs xFormers on CC {gpus.cc[0]}.{gpus.cc[1]}, which serves it without the "
+                "soft-capping ('XFormers does not support logits soft cap. Outputs may be slightly off.'): its "
+                "answers would differ from the model's. Pick another model for this GPU.",
+                "docs/facts/vllm-volta.md §7.4")
         raise PlanRefusal(
             f"{model.get('path')}: the model uses attention logit soft-capping (Gemma-2) and vLLM "
             f"{release.version} runs xFormers on CC {gpus.cc[0]}.{gpus.cc[1]}: 'XFormers does not support attention "

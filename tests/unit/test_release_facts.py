@@ -227,6 +227,110 @@ def test_dump_makes_defaults_json_safe(facts):
     assert [row["default"] for row in rows] == ["auto", [1, 2]]
 
 
+def parse_type(return_type):  # same shape as v0.9.2:vllm/engine/arg_utils.py:57-68
+    def _parse_type(val):
+        return return_type(val)
+    return _parse_type
+
+
+def _compute_kwargs(cls):  # the closure v0.9.2:vllm/engine/arg_utils.py:211-218 builds for a dataclass field
+    def parse_dataclass(val, cls=cls):
+        return cls(val)
+    return parse_dataclass
+
+
+class KVTransferConfig:
+    """Named and placed like vllm.config.KVTransferConfig, so the map knows it."""
+
+
+KVTransferConfig.__module__ = "vllm.config"
+
+
+def test_dump_names_the_0_9_closures_by_what_they_wrap(facts):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rope-scaling", type=parse_type(json.loads), default={})
+    parser.add_argument("--mm-processor-kwargs", type=optional_type(parse_type(json.loads)), default=None)
+    parser.add_argument("--kv-transfer-config", type=optional_type(_compute_kwargs(KVTransferConfig)), default=None)
+    rows = {row["flags"][0]: row for row in facts.dump_actions(parser)}
+    assert rows["--rope-scaling"] == {"flags": ["--rope-scaling"], "action": "store", "type": "json",
+                                      "parser_type": "parse_type(json.loads)", "default": {}}
+    assert rows["--mm-processor-kwargs"]["parser_type"] == "optional_type(parse_type(json.loads))"
+    assert rows["--kv-transfer-config"]["type"] == "json"
+    assert rows["--kv-transfer-config"]["parser_type"] == "optional_type(parse_dataclass(vllm.config.KVTransferConfig))"
+
+
+def test_a_dataclass_the_map_does_not_know_stops_the_dump_with_its_name(facts):
+    class SpeculativeConfig:
+        pass
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--speculative-config", type=_compute_kwargs(SpeculativeConfig))
+    with pytest.raises(facts.FactsError, match=r"--speculative-config: argparse type parse_dataclass\(.*"
+                                               r"SpeculativeConfig\) is not in TYPE_MAP"):
+        facts.dump_actions(parser)
+
+
+FAKE_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/openai/__init__.py": "",
+    "vllm/utils.py": "import argparse\nclass FlexibleArgumentParser(argparse.ArgumentParser):\n    pass\n",
+    "vllm/platforms/__init__.py": "_current_platform = None\n",
+    "vllm/platforms/interface.py": (
+        "import enum\nclass PlatformEnum(enum.Enum):\n    CUDA = 1\n    UNSPECIFIED = 2\n"
+        "class Platform:\n    device_type = ''\n"),
+    # like v0.9.2:vllm/config.py:2407-2416: building the parser constructs DeviceConfig(device="auto")
+    "vllm/entrypoints/openai/cli_args.py": (
+        "import vllm.platforms as platforms\n"
+        "def make_arg_parser(parser):\n"
+        "    if getattr(platforms._current_platform, 'device_type', '') != 'cuda':\n"
+        "        raise RuntimeError('Failed to infer device type, please set the environment variable')\n"
+        "    parser.add_argument('--port', type=int, default=8000)\n"
+        "    return parser\n"),
+}
+
+
+def test_the_dump_stands_in_a_cuda_platform_only_where_the_parser_needs_one(facts, repo, tmp_path):
+    import os
+    import subprocess
+
+    for name, text in FAKE_VLLM.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "vllm-9.9.dist-info").mkdir()
+    (tmp_path / "vllm-9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9\n")
+    out = tmp_path / "cli.json"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    subprocess.run([sys.executable, str(repo / "tools" / "release_facts.py"), "_dump-cli", str(out)], env=env,
+                   check=True, timeout=60, cwd=str(tmp_path))
+    dumped = json.loads(out.read_text())
+    assert dumped["platform_stand_in"] is True
+    assert dumped["arguments"] == [{"flags": ["--port"], "action": "store", "type": "int", "default": 8000}]
+    # a release whose parser builds without a device (0.8.5.post1 and older) gets no stand-in
+    (tmp_path / "vllm/entrypoints/openai/cli_args.py").write_text(
+        "def make_arg_parser(parser):\n    parser.add_argument('--port', type=int, default=8000)\n    return parser\n")
+    subprocess.run([sys.executable, str(repo / "tools" / "release_facts.py"), "_dump-cli", str(out)], env=env,
+                   check=True, timeout=60, cwd=str(tmp_path))
+    assert json.loads(out.read_text())["platform_stand_in"] is False
+
+
+def torch_scan(containers_with, containers=378):
+    return {"cubin_archs": sorted(containers_with), "files_with_fatbin": {
+        "torch/lib/libtorch_cuda.so": {"cubin": sorted(containers_with), "ptx": [], "containers": containers,
+                                       "containers_with": containers_with}}}
+
+
+def test_torch_arch_list_allows_per_file_extras_but_not_a_missing_or_majority_arch(facts):
+    flags = ["sm_50", "sm_70", "sm_90"]
+    assert facts.compare_torch_arch_list(flags, torch_scan({50: 378, 70: 378, 90: 378})) == (
+        False, "matches the cubins found")
+    failed, verdict = facts.compare_torch_arch_list(flags, torch_scan({50: 378, 70: 378, 89: 2, 90: 378}))
+    assert not failed and "sm_89 in 2 of 378 containers of torch/lib/libtorch_cuda.so" in verdict
+    assert facts.compare_torch_arch_list(flags, torch_scan({50: 378, 70: 378, 89: 300, 90: 378}))[0]
+    failed, verdict = facts.compare_torch_arch_list(flags, torch_scan({50: 378, 90: 378}))
+    assert failed and verdict == "DIFFERS: no cubins for sm_70"
+
+
 def test_cli_block_round_trips_through_yaml_and_the_loader(facts, repo):
     rows = facts.dump_actions(local_parser())
     block = facts.cli_block(rows, "x-1.0-py3-none-any.whl sha256 " + "0" * 64, "test")

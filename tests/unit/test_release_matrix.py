@@ -37,6 +37,14 @@ def test_the_volta_cells_follow_the_data(result):
     assert not row(result, "0.20.0")["by_cc"]["7.0"]["ok"] and row(result, "0.20.0")["by_cc"]["9.0"]["ok"]
 
 
+def test_09_runs_v0_on_volta_and_v1_from_ampere_and_shows_its_known_issues(result):
+    nine = row(result, "0.9.2")
+    assert (nine["by_cc"]["7.0"]["engine"], nine["by_cc"]["8.0"]["engine"]) == ("V0", "V1")
+    assert nine["pypi"] is True and all(lock["present"] and not lock["missing"] for lock in nine["locks"])
+    assert any("#19185" in issue and issue.startswith("on CC < 8.0: ") for issue in nine["known_issues"])
+    assert nine["gpu_sets"]["8xV100-32G"]["ok"] and nine["picked_for"] == []
+
+
 def test_the_planner_picks_and_installability_are_separate_columns(result):
     assert row(result, "0.8.5.post1")["picked_for"] == ["8xV100-32G"]
     assert row(result, "0.10.1.1")["picked_for"] == ["8xA100-80G"]
@@ -53,9 +61,9 @@ def test_the_planner_picks_and_installability_are_separate_columns(result):
 
 def test_the_table_names_every_release_and_set(result):
     text = format_matrix(result)
-    for version in ("0.5.4", "0.8.5.post1", "0.10.1.1", "0.20.0"):
+    for version in ("0.5.4", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"):
         assert f"\n{version} " in "\n" + text
-    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.8.5.post1" in text
+    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.8.5.post1, 0.9.2\n" in text
     assert "0.5.4: not installable from PyPI" in text
 
 
@@ -114,4 +122,26 @@ def test_every_release_plans_on_the_lab_profiles_or_is_refused_as_the_matrix_say
             assert release.validate_argv(replica["args"]) == [], (version, replica["args"])
         planned.append(version)
     print(profile, "planned:", planned)
-    assert "0.8.5.post1" in planned and "0.5.4" in planned, planned
+    assert {"0.5.4", "0.8.5.post1", "0.9.2"} <= set(planned), planned
+
+
+def test_gemma2_on_volta_is_refused_for_the_way_each_release_fails():
+    """0.5.4's xFormers raises on soft-capping; from 0.6.x it warns and serves without it: both refused, each
+    reason saying what the operator would see."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.gpus import lab_facts, lab_ram_bytes  # type: ignore[import-not-found]
+    from fixtures.models import model_config  # type: ignore[import-not-found]
+    from ansible.module_utils.revive_model import model_from_config
+    from ansible.module_utils.revive_plan import Overrides, PackageSource, PlanRefusal, Serve, Workload, plan_release
+
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    model = model_from_config(model_config("gemma-2-9b-it", dtype="F16"), "/data/models/gemma-2")
+    mirror = PackageSource("mirror", "https://pypi.internal.example/simple")
+    said = {}
+    for version in ("0.5.4", "0.9.2"):
+        with pytest.raises(PlanRefusal) as refusal:
+            plan_release(lab_facts("v100-pcie-8x"), model, data, Workload(), Overrides(vllm_version=version), Serve(),
+                         lab_ram_bytes("v100-pcie-8x"), mirror)
+        said[version] = refusal.value.reason
+    assert "'XFormers does not support attention logits soft capping.'" in said["0.5.4"]
+    assert "'XFormers does not support logits soft cap. Outputs may be slightly off.'" in said["0.9.2"]

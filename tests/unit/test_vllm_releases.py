@@ -34,7 +34,7 @@ def data(repo):
 
 
 def test_the_file_holds_the_required_releases(data):
-    assert data.versions() == ["0.5.4", "0.8.5.post1", "0.10.1.1", "0.20.0"]
+    assert data.versions() == ["0.5.4", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"]
 
 
 def test_054_has_the_full_cli_table_of_the_reference(data):
@@ -109,15 +109,21 @@ def test_the_xformers_cut_holds_for_volta_only(data):
     assert data.release("0.10.1.1").min_compute_capability == (7, 5)
 
 
-def test_the_volta_default_is_the_newest_release_pypi_installs_with_sm70_everywhere(data):
+def test_the_volta_default_is_the_newest_release_pypi_installs_with_sm70_everywhere_but_09(data):
     """The rule the default row states, recomputed from the data: installable from PyPI, supported on CC 7.0, and
-    every scanned compiled dependency has sm_70 code."""
+    every scanned compiled dependency has sm_70 code. 0.9.2 qualifies too; the row keeps 0.8.5.post1 and says why
+    (the same V0 + xFormers engine on Volta, a tighter transformers cap), so a newer qualifying release cannot become
+    the default unnoticed."""
     qualified = [version for version, release in data.releases.items()
                  if release.installability is not None and release.installability.pypi
                  and data.volta_status(version)["status"] == "supported"
                  and release.min_compute_capability <= (7, 0)
                  and release.kernels and not release.kernel_gaps((7, 0))]
-    assert data.default_release((7, 0))[0] == max(qualified, key=parse_version) == "0.8.5.post1"
+    assert sorted(qualified, key=parse_version)[-2:] == ["0.8.5.post1", "0.9.2"]
+    version, reason = data.default_release((7, 0))
+    assert version == "0.8.5.post1"
+    assert "0.9.2 also qualifies" in " ".join(reason.split())
+    assert data.release("0.9.2").engine_for((7, 0)) == data.release("0.8.5.post1").engine_for((7, 0)) == "V0"
 
 
 def test_0851_kernels_were_scanned_for_every_compiled_dependency(data):
@@ -217,5 +223,47 @@ def test_schema_version(raw):
 
 def test_unknown_release_lookup(data):
     with pytest.raises(ReleaseDataError, match=r"vLLM 0.6.3 is not in the release data \(known: 0.5.4, "
-                                               r"0.8.5.post1, 0.10.1.1, 0.20.0\)"):
+                                               r"0.8.5.post1, 0.9.2, 0.10.1.1, 0.20.0\)"):
         data.release("0.6.3")
+
+
+# ---------------------------------------------------------------- the engine oracle and known issues
+
+@pytest.mark.parametrize("version, oracle", [("0.5.4", "v0-only"), ("0.8.5.post1", "v1-default-cc8-fallback"),
+                                             ("0.9.2", "v1-default-cc8-fallback"), ("0.20.0", "v1-only")])
+def test_each_release_says_how_it_picks_its_engine(data, version, oracle):
+    assert data.release(version).engine_oracle == oracle
+
+
+def test_a_fallback_release_must_pin_v0_below_cc8(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"].pop("engine_env"))
+    assert "releases.0.9.2.engine_env.below_8: v1-default-cc8-fallback needs VLLM_USE_V1: \"0\"" in message
+
+
+def test_the_oracle_and_engine_by_cc_must_agree(raw):
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"].update(engine_oracle="v0-only"))
+    assert "releases.0.9.2.engine_by_cc: v0-only gives {'below_8': 'V0', 'from_8': 'V0'}" in message
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"].update(engine_oracle="v2"))
+    assert "releases.0.9.2.engine_oracle: 'v2' is not one of v0-only, v1-opt-in" in message
+
+
+def test_an_opt_in_release_must_not_opt_in(raw):
+    def edit(d):
+        d["releases"]["0.5.4"].update(engine_oracle="v1-opt-in", engine_env={"below_8": {"VLLM_USE_V1": "1"}})
+    assert "releases.0.5.4.engine_env: v1-opt-in plans V0, so VLLM_USE_V1 must not be \"1\"" in _broken(raw, edit)
+
+
+def test_known_issues_carry_scope_and_source(data, raw):
+    issues = data.release("0.9.2").known_issues
+    assert any("#19185" in item["source"] and item["scope"] == "CC < 8.0" for item in issues)
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"]["known_issues"][0].update(scope="V100"))
+    assert "releases.0.9.2.known_issues[0].scope: 'V100' is not one of CC < 8.0, every GPU" in message
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"]["known_issues"][0].pop("source"))
+    assert "releases.0.9.2.known_issues[0]: missing key 'source'" in message
+
+
+def test_softcapping_failure_is_one_of_what_xformers_does(data, raw):
+    assert data.release("0.5.4").get("xformers_logit_softcapping_failure") == "raises"
+    assert data.release("0.9.2").get("xformers_logit_softcapping_failure") == "ignored-with-warning"
+    message = _broken(raw, lambda d: d["releases"]["0.9.2"].update(xformers_logit_softcapping_failure="crash"))
+    assert "xformers_logit_softcapping_failure: 'crash' is not one of raises, ignored-with-warning" in message
