@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -280,6 +281,31 @@ def test_response_shapes_and_routes_are_the_releases(release, served):
     assert served.service == expected["service"]
     listed = {path for path in ("/ping", "/load") if f"Route: {path}, Methods:" in served.log}
     assert listed == {path for path, status in expected["service"].items() if status == 200}
+
+
+def test_a_dead_engine_stops_the_server_at_the_next_request_without_a_watchdog_before_0_8(release, src, models,
+                                                                                         tmp_path):
+    """0.6.6.post1/0.7.3 have no launcher watchdog: a dead engine (a worker killed) leaves the server up until a
+    request fails with the empty 500, which stops it (exit 0). 0.9.2's watchdog is 0.8.5.post1's
+    (test_twin_085.py)."""
+    if EXPECTED[release.version]["brackets"]:
+        pytest.skip("0.9.2 has the watchdog of 0.8.5.post1 (test_twin_085.py)")
+    twin = harness.start(models["7b"], ["-tp", "2", "--dtype", "half", "--max-model-len", "2048", "--enforce-eager"],
+                         harness.twin_env(tmp_path, time_scale=0.0001, src=src), tmp_path / "twin.log")
+    try:
+        worker = int(re.findall(r"VllmWorkerProcess pid=(\d+)", twin.log())[0])
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while "died, exit code: -9" not in twin.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(subprocess.TimeoutExpired):
+            twin.process.wait(timeout=6.0)  # past 0.8.5.post1's 5-second watchdog
+        status, _, body = harness.request(twin, "POST", "/v1/completions",
+                                          {"model": twin.model, "prompt": "hi", "max_tokens": 4})
+        assert (status, body) == (500, b"")
+        assert twin.process.wait(timeout=20) == 0
+    finally:
+        twin.stop(signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- the wheel build's checks

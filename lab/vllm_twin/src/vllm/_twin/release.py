@@ -136,7 +136,8 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
         sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:712", "args": "api_server.py:713", "engine_pid": "api_server.py:199",
-                 "memory_profiling": "worker.py:241", "kv_blocks": "gpu_executor.py:76",
+                 "memory_profiling": "worker.py:241", "chunked_auto": "arg_utils.py:1103",
+                 "long_context": "arg_utils.py:1113", "kv_blocks": "gpu_executor.py:76",
                  "kv_concurrency": "gpu_executor.py:80", "kv_blocks_tp": "distributed_gpu_executor.py:57",
                  "kv_concurrency_tp": "distributed_gpu_executor.py:61", "routes": "launcher.py:19",
                  "route": "launcher.py:27"}),
@@ -149,7 +150,8 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267;
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
         sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:912", "args": "api_server.py:913", "engine_pid": "api_server.py:209",
-                 "server_start": "api_server.py:958", "memory_profiling": "worker.py:267",
+                 "server_start": "api_server.py:958", "memory_profiling": "worker.py:267", "chunked_auto": "arg_utils.py:1187",
+                 "long_context": "arg_utils.py:1197",
                  "kv_blocks": "executor_base.py:111", "kv_concurrency": "executor_base.py:116",
                  "routes": "launcher.py:23", "route": "launcher.py:31"}),
     "0.8.5.post1": Behaviour(
@@ -174,7 +176,8 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # v0.9.2:vllm/entrypoints/openai/api_server.py:1395, 268, 1457; entrypoints/openai/cli_args.py:325;
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
         sources={"engine_init": "llm_engine.py:230", "version": "api_server.py:1395", "args": "cli_args.py:325", "engine_pid": "api_server.py:268",
-                 "server_start": "api_server.py:1457", "memory_profiling": "worker.py:294",
+                 "server_start": "api_server.py:1457", "memory_profiling": "worker.py:294", "chunked_auto": "arg_utils.py:1531",
+                 "long_context": "arg_utils.py:1542",
                  "kv_blocks": "executor_base.py:113", "kv_concurrency": "executor_base.py:118",
                  "v1_fallback": "arg_utils.py:1735", "routes": "launcher.py:29", "route": "launcher.py:37"}),
 }

@@ -283,20 +283,31 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
         opt_in_v1(environ)
     elif not release.legacy:
         engine_choice(args, visible, environ)
-        # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563)
+    if not release.legacy:
+        # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563; the same defaults in
+        # v0.6.6.post1 :1090-1117 and v0.7.3 :1173-1201, worded as 0.6 words them)
+        early = release.behaviour.engine_oracle == "opt-in"
         if chunked is None and max_model_len > release.data.chunked_prefill_auto_above and \
                 not facts.get("sliding_window"):
             chunked = True
-            vlog.warning("arg_utils.py:1525", "Chunked prefill is enabled by default for models with max_model_len "
-                         "> 32K. Chunked prefill might not work with some features or models. If you encounter any "
-                         "issues, please disable by launching with --enable-chunked-prefill=False.")
+            vlog.warning(release.source("chunked_auto", "arg_utils.py:1525"), (
+                "Chunked prefill is enabled by default for models with max_model_len > 32K. Currently, chunked "
+                "prefill might not work with some features or models. If you encounter any issues, please disable "
+                "chunked prefill by setting --enable-chunked-prefill=False.") if early else (
+                "Chunked prefill is enabled by default for models with max_model_len > 32K. Chunked prefill might "
+                "not work with some features or models. If you encounter any issues, please disable by launching "
+                "with --enable-chunked-prefill=False."))
         chunked = bool(chunked)
-        if not chunked and max_model_len > 32768:
-            vlog.warning("arg_utils.py:1536", f"The model has a long context length ({max_model_len}). This may "
-                         "causeOOM during the initial memory profiling phase, or result in low performance due to "
-                         "small KV cache size. Consider setting --max-model-len to a smaller value.")
+        if not chunked and max_model_len > release.data.chunked_prefill_auto_above:
+            vlog.warning(release.source("long_context", "arg_utils.py:1536"), (
+                f"The model has a long context length ({max_model_len}). This may cause OOM errors during the "
+                "initial memory profiling phase, or result in low performance due to small KV cache space. "
+                "Consider setting --max-model-len to a smaller value.") if early else (
+                f"The model has a long context length ({max_model_len}). This may causeOOM during the initial "
+                "memory profiling phase, or result in low performance due to small KV cache size. Consider setting "
+                "--max-model-len to a smaller value."))
         if max_num_seqs is None:
-            max_num_seqs = 256  # V0's default (arg_utils.py:1561-1563)
+            max_num_seqs = 256  # V0's default (arg_utils.py:1561-1563; v0.7.3 :224)
     if args.gpu_memory_utilization > 1.0:
         raise StartupFailure("ValueError", "GPU memory utilization must be less than 1.0. Got "
                              f"{args.gpu_memory_utilization}.")
