@@ -124,6 +124,8 @@ def test_the_wheelhouse_locks_install_on_a_node_with_the_nodes_argv(tmp_path):
     stand_in_nvml_wheel(house)
     written = build_wheelhouse.build(house)
     assert {"locks/vllm-0.5.4-py3.11.txt", "locks/vllm-0.8.5.post1-py3.11.txt"} <= set(written)
+    assert {f"locks/vllm-{version}-py3.11.txt" for version in build_wheelhouse.SIMULATED_RELEASES} <= set(written)
+    assert {f"vllm-{version}+sim-py3-none-any.whl" for version in build_wheelhouse.SIMULATED_RELEASES} <= set(written)
     lock_path = house / "locks" / "vllm-0.8.5.post1-py3.11.txt"
     lock = parse_lock(lock_path.read_text(), str(lock_path))
     pinned = {entry.name: (entry.version, set(entry.hashes)) for entry in lock.entries}
