@@ -450,7 +450,7 @@ class OpenAIApp:
             ids = ids[:self.config.max_log_len]
         if not self.legacy:
             # v0.8.5.post1:vllm/entrypoints/logger.py:39-44 with SamplingParams.__repr__ (sampling_params.py:559-584)
-            vlog.info("logger.py:39", (
+            vlog.info(current().source("received_request", "logger.py:39"), (
                 f"Received request {request_id}: prompt: {text!r}, params: SamplingParams(n={params.n}, "
                 f"presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
                 f"temperature={params.temperature}, top_p=1.0, top_k=-1, min_p=0.0, seed={params.seed}, "
@@ -460,7 +460,8 @@ class OpenAIApp:
                 "prompt_logprobs=None, skip_special_tokens=True, spaces_between_special_tokens=True, "
                 "truncate_prompt_tokens=None, guided_decoding=None, extra_args=None), "
                 f"prompt_token_ids: {ids}, lora_request: None, prompt_adapter_request: None."))
-            vlog.info("engine.py:310" if self.frontend_multiprocessing else "async_llm_engine.py:211",
+            vlog.info(current().source("added_request", "engine.py:310") if self.frontend_multiprocessing
+                      else "async_llm_engine.py:211",
                       f"Added request {request_id}.")
             return
         vlog.info("logger.py:36", (
@@ -609,8 +610,9 @@ class OpenAIApp:
         if gone and not self.stalled:
             self.runner.abort(request_id)
             if self.config.log_requests:
-                vlog.info(pick("async_llm_engine.py:181", "engine.py:329" if self.frontend_multiprocessing
-                               else "async_llm_engine.py:223"), f"Aborted request {request_id}.")
+                vlog.info(pick("async_llm_engine.py:181", current().source("aborted_request", "engine.py:330")
+                               if self.frontend_multiprocessing else "async_llm_engine.py:223"),
+                          f"Aborted request {request_id}.")
 
     def _request_done(self, request_id: str) -> None:
         self.streams.pop(request_id, None)

@@ -125,20 +125,24 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chat-", kv_blocks_device="GPU", kv_concurrency_line=False, memory_profiling_line=False,
         args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
         kv_transfer_params=False, service_routes=(),
-        sources={"version": "api_server.py:339", "args": "api_server.py:340",
-                 "kv_blocks": "gpu_executor.py:102", "kv_blocks_tp": "distributed_gpu_executor.py:56"}),
+        sources={"version": "api_server.py:339", "args": "api_server.py:340", "kv_blocks": "gpu_executor.py:102",
+                 "kv_blocks_tp": "distributed_gpu_executor.py:56"}),
     "0.6.6.post1": Behaviour(
         parser="table", log_brackets=False, metrics_era="0.6", engine_start_failure="exit",
         config_order="engine-first", engine_oracle="opt-in", sigterm_default_mode="stall", engine_watchdog=False,
         chat_id_prefix="chatcmpl-", kv_blocks_device="GPU", kv_concurrency_line=True, memory_profiling_line=True,
         args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
         kv_transfer_params=False, service_routes=(), engine_init_words="an LLM engine",
-        # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241;
+        # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241; engine/multiprocessing/
+        # engine.py:267, 285, 366; entrypoints/logger.py:37; engine/arg_utils.py:1103, 1113;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
-        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:712", "args": "api_server.py:713", "engine_pid": "api_server.py:199",
-                 "memory_profiling": "worker.py:241", "chunked_auto": "arg_utils.py:1103",
-                 "long_context": "arg_utils.py:1113", "kv_blocks": "gpu_executor.py:76",
-                 "kv_concurrency": "gpu_executor.py:80", "kv_blocks_tp": "distributed_gpu_executor.py:57",
+        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:712", "args": "api_server.py:713",
+                 "engine_pid": "api_server.py:199", "engine_exception": "engine.py:366",
+                 "added_request": "engine.py:267", "aborted_request": "engine.py:285",
+                 "received_request": "logger.py:37", "memory_profiling": "worker.py:241",
+                 "chunked_auto": "arg_utils.py:1103", "long_context": "arg_utils.py:1113",
+                 "kv_blocks": "gpu_executor.py:76", "kv_concurrency": "gpu_executor.py:80",
+                 "kv_blocks_tp": "distributed_gpu_executor.py:57",
                  "kv_concurrency_tp": "distributed_gpu_executor.py:61", "routes": "launcher.py:19",
                  "route": "launcher.py:27"}),
     "0.7.3": Behaviour(
@@ -147,13 +151,16 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
         reasoning_content=True, kv_transfer_params=False, service_routes=("/ping",),
-        # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267;
+        # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267; engine/multiprocessing/
+        # engine.py:280, 298, 400; entrypoints/logger.py:39; engine/arg_utils.py:1187, 1197;
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
-        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:912", "args": "api_server.py:913", "engine_pid": "api_server.py:209",
-                 "server_start": "api_server.py:958", "memory_profiling": "worker.py:267", "chunked_auto": "arg_utils.py:1187",
-                 "long_context": "arg_utils.py:1197",
-                 "kv_blocks": "executor_base.py:111", "kv_concurrency": "executor_base.py:116",
-                 "routes": "launcher.py:23", "route": "launcher.py:31"}),
+        sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:912", "args": "api_server.py:913",
+                 "engine_pid": "api_server.py:209", "server_start": "api_server.py:958",
+                 "engine_exception": "engine.py:400", "added_request": "engine.py:280",
+                 "aborted_request": "engine.py:298", "received_request": "logger.py:39",
+                 "memory_profiling": "worker.py:267", "chunked_auto": "arg_utils.py:1187",
+                 "long_context": "arg_utils.py:1197", "kv_blocks": "executor_base.py:111",
+                 "kv_concurrency": "executor_base.py:116", "routes": "launcher.py:23", "route": "launcher.py:31"}),
     "0.8.5.post1": Behaviour(
         parser="table", log_brackets=True, metrics_era="0.8", engine_start_failure="exit",
         config_order="api-first", engine_oracle="0.8", sigterm_default_mode="stall", engine_watchdog=True,
@@ -161,11 +168,12 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
         reasoning_content=True, kv_transfer_params=False, service_routes=("/ping", "/load"),
         # v0.8.5.post1:vllm/entrypoints/openai/api_server.py:1043-1044, 246, 1090; worker/worker.py:287;
+        # engine/multiprocessing/engine.py:330;
         # executor/executor_base.py:112, 117; engine/arg_utils.py:1658
         sources={"version": "api_server.py:1043", "args": "api_server.py:1044", "engine_pid": "api_server.py:246",
-                 "server_start": "api_server.py:1090", "memory_profiling": "worker.py:287",
-                 "kv_blocks": "executor_base.py:112", "kv_concurrency": "executor_base.py:117",
-                 "v1_fallback": "arg_utils.py:1658"}),
+                 "server_start": "api_server.py:1090", "aborted_request": "engine.py:330",
+                 "memory_profiling": "worker.py:287", "kv_blocks": "executor_base.py:112",
+                 "kv_concurrency": "executor_base.py:117", "v1_fallback": "arg_utils.py:1658"}),
     "0.9.2": Behaviour(
         parser="table", log_brackets=True, metrics_era="0.8", engine_start_failure="exit",
         config_order="api-first", engine_oracle="0.9", sigterm_default_mode="stall", engine_watchdog=True,
@@ -174,12 +182,16 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         uvicorn_running_line=False, reasoning_content=True, kv_transfer_params=True,
         service_routes=("/ping", "/load"),
         # v0.9.2:vllm/entrypoints/openai/api_server.py:1395, 268, 1457; entrypoints/openai/cli_args.py:325;
+        # engine/multiprocessing/engine.py:317, 337, 458; entrypoints/logger.py:43; engine/arg_utils.py:1531, 1542;
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
-        sources={"engine_init": "llm_engine.py:230", "version": "api_server.py:1395", "args": "cli_args.py:325", "engine_pid": "api_server.py:268",
-                 "server_start": "api_server.py:1457", "memory_profiling": "worker.py:294", "chunked_auto": "arg_utils.py:1531",
-                 "long_context": "arg_utils.py:1542",
-                 "kv_blocks": "executor_base.py:113", "kv_concurrency": "executor_base.py:118",
-                 "v1_fallback": "arg_utils.py:1735", "routes": "launcher.py:29", "route": "launcher.py:37"}),
+        sources={"engine_init": "llm_engine.py:230", "version": "api_server.py:1395", "args": "cli_args.py:325",
+                 "engine_pid": "api_server.py:268", "server_start": "api_server.py:1457",
+                 "engine_exception": "engine.py:458", "added_request": "engine.py:317",
+                 "aborted_request": "engine.py:337", "received_request": "logger.py:43",
+                 "memory_profiling": "worker.py:294", "chunked_auto": "arg_utils.py:1531",
+                 "long_context": "arg_utils.py:1542", "kv_blocks": "executor_base.py:113",
+                 "kv_concurrency": "executor_base.py:118", "v1_fallback": "arg_utils.py:1735",
+                 "routes": "launcher.py:29", "route": "launcher.py:37"}),
 }
 
 # The checkout's release data (0.5.4 runs from lab/vllm_twin/src without a release.json); the wheel build

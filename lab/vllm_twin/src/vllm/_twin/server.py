@@ -104,7 +104,7 @@ def _engine_exception_log(failure: startup.StartupFailure) -> None:
     """run_mp_engine's logger.exception(e) in the engine process (v0.8.5.post1:vllm/engine/multiprocessing/
     engine.py:447-450): the message, then the traceback on continuation lines."""
     frames = "".join(traceback.format_tb(failure.__traceback__)).rstrip("\n")
-    vlog.error("engine.py:448", f"{failure.message}\nTraceback (most recent call last):\n{frames}\n"
+    vlog.error(current().source("engine_exception", "engine.py:448"), f"{failure.message}\nTraceback (most recent call last):\n{frames}\n"
                f"{failure.exc_type}: {failure.message}")
 
 
