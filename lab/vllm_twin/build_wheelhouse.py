@@ -246,10 +246,14 @@ def import_name(distribution: str) -> str:
     return {"vllm-flash-attn": "vllm_flash_attn"}.get(distribution, distribution.replace("-", "_"))
 
 
-def placeholder_wheel(distribution: str, pin: str, release: str = "0.5.4") -> Tuple[str, bytes]:
+def placeholder_wheel(distribution: str, pin: str, release: str = "0.5.4",
+                      shared_with: Sequence[str] = ()) -> Tuple[str, bytes]:
+    """The placeholder of one pin; `shared_with`: the other simulated releases that pin the same version (one
+    wheel of that name serves them all, and says so)."""
     version = f"{pin}+sim"
     module = import_name(distribution)
-    source = PLACEHOLDER_MODULE.format(name=distribution, version=version, pin=pin, twin=twin_version(release))
+    twin = ", ".join(twin_version(r) for r in [release, *shared_with])
+    source = PLACEHOLDER_MODULE.format(name=distribution, version=version, pin=pin, twin=twin)
     normalized = re.sub(r"[-_.]+", "_", distribution).lower()
     data = wheel_bytes(normalized, version, {f"{module}/__init__.py": source.encode()}, [],
                        f"PLACEHOLDER for {distribution}=={pin} in the revive lab (the vLLM twin needs nothing)")
@@ -322,9 +326,15 @@ def download_nvml(dest: Path) -> Optional[str]:
 
 def build(dest: Path, releases: Sequence[str] = SIMULATED_RELEASES, locks: bool = True) -> List[str]:
     dest.mkdir(parents=True, exist_ok=True)
-    outputs: List[Tuple[str, bytes]] = []
+    outputs: List[Tuple[str, bytes]] = [twin_wheel(version) for version in releases]
+    # a pin several releases share (0.6.6.post1 and 0.7.3: torch 2.5.1) is one placeholder wheel
+    users: Dict[Tuple[str, str], List[str]] = {}
     for version in releases:
-        outputs.extend(release_wheels(version))
+        for distribution, pin in release_pins(version=version).items():
+            if distribution != "vllm":
+                users.setdefault((distribution, pin), []).append(version)
+    for (distribution, pin), versions in sorted(users.items()):
+        outputs.append(placeholder_wheel(distribution, pin, versions[0], versions[1:]))
     names = {name for name, _ in outputs}
     written = []
     for stale in dest.glob("*+sim-*.whl"):
