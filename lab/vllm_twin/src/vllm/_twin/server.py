@@ -61,14 +61,31 @@ ROUTES = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2
           ("/redoc", "GET, HEAD"), ("/health", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
           ("/v1/models", "GET"), ("/version", "GET"), ("/v1/chat/completions", "POST"),
           ("/v1/completions", "POST"), ("/v1/embeddings", "POST")]
-# What 0.8.5.post1's app registers (serve_http logs them, v0.8.5.post1:vllm/entrypoints/launcher.py:28-36).
-ROUTES_085 = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2-redirect", "GET, HEAD"),
-              ("/redoc", "GET, HEAD"), ("/health", "GET"), ("/load", "GET"), ("/ping", "POST, GET"),
-              ("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/models", "GET"), ("/version", "GET"),
-              ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/embeddings", "POST"),
-              ("/pooling", "POST"), ("/score", "POST"), ("/v1/score", "POST"), ("/v1/audio/transcriptions", "POST"),
-              ("/rerank", "POST"), ("/v1/rerank", "POST"), ("/v2/rerank", "POST"), ("/invocations", "POST"),
-              ("/metrics", "GET")]
+# What each release's app registers without the dev-mode, profiler and LoRA-update switches, in registration
+# order (serve_http logs them, v0.8.5.post1:vllm/entrypoints/launcher.py:28-36): FastAPI's documentation
+# routes, the router's routes, and the instrumentator's /metrics from 0.8 on.
+_DOCS = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2-redirect", "GET, HEAD"),
+         ("/redoc", "GET, HEAD")]
+_CORE = [("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/models", "GET"), ("/version", "GET"),
+         ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/embeddings", "POST"), ("/pooling", "POST")]
+_RERANK = [("/rerank", "POST"), ("/v1/rerank", "POST"), ("/v2/rerank", "POST")]
+# v0.8.5.post1:vllm/entrypoints/openai/api_server.py:328-331 (instrumentator), 391-738
+ROUTES_085 = (_DOCS + [("/health", "GET"), ("/load", "GET"), ("/ping", "POST, GET")] + _CORE
+              + [("/score", "POST"), ("/v1/score", "POST"), ("/v1/audio/transcriptions", "POST")] + _RERANK
+              + [("/invocations", "POST"), ("/metrics", "GET")])
+ROUTES_BY_RELEASE = {
+    # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:311-481 (no instrumentator)
+    "0.6.6.post1": _DOCS + [("/health", "GET")] + _CORE + [("/score", "POST"), ("/v1/score", "POST")],
+    # v0.7.3:vllm/entrypoints/openai/api_server.py:343-647 (no instrumentator)
+    "0.7.3": (_DOCS + [("/health", "GET"), ("/ping", "POST, GET")] + _CORE
+              + [("/score", "POST"), ("/v1/score", "POST"), ("/v1/audio/transcriptions", "POST")] + _RERANK
+              + [("/invocations", "POST")]),
+    "0.8.5.post1": ROUTES_085,
+    # v0.9.2:vllm/entrypoints/openai/api_server.py:342-346 (instrumentator), 415-963: /ping is two routes
+    "0.9.2": (_DOCS + [("/health", "GET"), ("/load", "GET"), ("/ping", "GET"), ("/ping", "POST")] + _CORE
+              + [("/classify", "POST"), ("/score", "POST"), ("/v1/score", "POST"), ("/v1/audio/transcriptions", "POST"),
+                 ("/v1/audio/translations", "POST")] + _RERANK + [("/invocations", "POST"), ("/metrics", "GET")]),
+}
 RPC_TIMEOUT_MS = 10000        # VLLM_RPC_TIMEOUT's default (v0.8.5.post1:vllm/envs.py:488-489)
 WATCHDOG_SECONDS = 5.0        # VLLM_WATCHDOG_TIME_S (v0.8.5.post1:vllm/entrypoints/launcher.py:85-94)
 # the worker prefix's colours (v0.8.5.post1:vllm/executor/multiproc_worker_utils.py:28-29)
@@ -341,8 +358,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
             vlog.info(release.source("server_start", "api_server.py:1090"),
                       f"Starting vLLM API server{index} on {address}")
         vlog.info(release.source("routes", "launcher.py:28"), "Available routes are:")
-        service = {"/ping", "/load"} - set(release.behaviour.service_routes)
-        for path, methods in [route for route in ROUTES_085 if route[0] not in service]:
+        for path, methods in ROUTES_BY_RELEASE.get(release.release, ROUTES_085):
             vlog.info(release.source("route", "launcher.py:36"), f"Route: {path}, Methods: {methods}")
     stdout_log(f"INFO:     Started server process [{os.getpid()}]")
     stdout_log("INFO:     Waiting for application startup.")
