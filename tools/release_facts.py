@@ -101,6 +101,10 @@ TYPE_MAP: Dict[str, TypeMapping] = {
         "json", False, "'' / 'None' (None), or a JSON object of KVTransferConfig fields (the table takes any JSON)"),
     "optional_type(parse_dataclass(vllm.config.KVEventsConfig))": TypeMapping(
         "json", False, "'' / 'None' (None), or a JSON object of KVEventsConfig fields (the table takes any JSON)"),
+    # v0.7.3:vllm/engine/arg_utils.py:53-85 (0.6.x - 0.7.x --limit-mm-per-prompt): '' is None, else KEY=INT[,KEY=INT]
+    "vllm.engine.arg_utils.nullable_kvs": TypeMapping(
+        "str", False, "'' (None) or KEY=INT[,KEY=INT], keys lower-cased, a key twice with two values refused; no "
+        "vocabulary type matches, the table checks nothing"),
     "vllm.engine.arg_utils.human_readable_int": TypeMapping(
         "human_readable_int", True, "int(value), or NUMBER[kmg] (x1000^n) / INT[KMG] (x1024^n)"),
     "vllm.config.PoolerConfig.from_json": TypeMapping(
@@ -111,6 +115,13 @@ TYPE_MAP: Dict[str, TypeMapping] = {
     "vllm.config.CompilationConfig.from_cli": TypeMapping(
         "str", False, "'0'-'3' (optimisation level) or a Python literal dict of CompilationConfig fields "
         "(ast.literal_eval); no vocabulary type matches, the table checks nothing"),
+}
+
+
+# Custom actions that parse the value themselves (no type=): what they accept, in the table's vocabulary.
+ACTION_TYPES: Dict[str, TypeMapping] = {
+    # v0.7.3:vllm/utils.py:1137-1146 (also 0.5.4 - 0.8.x): 'true' / 'false' in any case, nargs='?' with const 'True'
+    "StoreBoolean": TypeMapping("bool", True, "'true' or 'false', any case; bare flag = True"),
 }
 
 
@@ -184,7 +195,10 @@ def dump_actions(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
         name = ACTION_NAMES.get(type(action).__name__, type(action).__name__)
         row: Dict[str, Any] = {"flags": flags, "action": name}
         if name not in VALUELESS:
-            described, mapping = map_type(action.type, flags[0])
+            if action.type is None and name in ACTION_TYPES:
+                described, mapping = name, ACTION_TYPES[name]
+            else:
+                described, mapping = map_type(action.type, flags[0])
             row["type"] = mapping.name
             if not mapping.exact:
                 row["parser_type"] = described
@@ -792,14 +806,18 @@ def compare_torch_arch_list(flags: Sequence[str], torch_result: Dict[str, Any]) 
 
     Every listed sm_XX must be among the cubins. A cubin sm_XX the list lacks is accepted only where a minority
     of a file's containers carry it: single .cu files built with their own -gencode (torch 2.7.0's
-    libtorch_cuda.so has sm_89 in 2 of 378 containers); more than that means the scan or the list is wrong."""
+    libtorch_cuda.so has sm_89 in 2 of 378 containers); more than that means the scan or the list is wrong.
+    Only torch's own libraries (torch/lib/libtorch*) are compared: NVIDIA libraries torch ships beside them keep
+    their own arch lists (torch 2.5.1's libcusparseLt has sm_80 - sm_90 only)."""
     compiled = sorted(int(f[3:]) for f in flags if f.startswith("sm_"))
-    found = list(torch_result["cubin_archs"])
+    own = {name: archs for name, archs in torch_result["files_with_fatbin"].items()
+           if os.path.basename(name).startswith("libtorch")}
+    found = sorted({a for archs in own.values() for a in archs["cubin"]})
     missing = [a for a in compiled if a not in found]
     extra: List[str] = []
     failed = bool(missing)
     for arch in (a for a in found if a not in compiled):
-        for name, archs in torch_result["files_with_fatbin"].items():
+        for name, archs in own.items():
             count = archs["containers_with"].get(arch, 0)
             if count:
                 extra.append(f"sm_{arch} in {count} of {archs['containers']} containers of {name}")

@@ -259,6 +259,29 @@ def test_dump_names_the_0_9_closures_by_what_they_wrap(facts):
     assert rows["--kv-transfer-config"]["parser_type"] == "optional_type(parse_dataclass(vllm.config.KVTransferConfig))"
 
 
+class StoreBoolean(argparse.Action):  # same shape as v0.7.3:vllm/utils.py:1137-1146
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values.lower() == "true")
+
+
+def nullable_kvs(val):  # stands for v0.7.3:vllm/engine/arg_utils.py:53 (the map knows it by its vLLM name)
+    return dict(item.split("=") for item in val.split(",")) if val else None
+
+
+nullable_kvs.__module__ = "vllm.engine.arg_utils"
+
+
+def test_dump_types_a_value_parsing_action_and_the_07_kvs_type(facts):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--enable-chunked-prefill", action=StoreBoolean, default=None, nargs="?", const="True")
+    parser.add_argument("--limit-mm-per-prompt", type=nullable_kvs, default=None)
+    rows = {row["flags"][0]: row for row in facts.dump_actions(parser)}
+    assert rows["--enable-chunked-prefill"] == {"flags": ["--enable-chunked-prefill"], "action": "StoreBoolean",
+                                                "type": "bool", "default": None, "nargs": "?"}
+    assert rows["--limit-mm-per-prompt"]["type"] == "str"
+    assert rows["--limit-mm-per-prompt"]["parser_type"] == "vllm.engine.arg_utils.nullable_kvs"
+
+
 def test_a_dataclass_the_map_does_not_know_stops_the_dump_with_its_name(facts):
     class SpeculativeConfig:
         pass
@@ -329,6 +352,11 @@ def test_torch_arch_list_allows_per_file_extras_but_not_a_missing_or_majority_ar
     assert facts.compare_torch_arch_list(flags, torch_scan({50: 378, 70: 378, 89: 300, 90: 378}))[0]
     failed, verdict = facts.compare_torch_arch_list(flags, torch_scan({50: 378, 90: 378}))
     assert failed and verdict == "DIFFERS: no cubins for sm_70"
+    # an NVIDIA library torch ships (2.5.1's libcusparseLt) keeps its own archs: not compared
+    vendored = torch_scan({50: 340, 70: 340, 90: 340}, containers=340)
+    vendored["files_with_fatbin"]["torch/lib/libcusparseLt-294d6944.so.0"] = {
+        "cubin": [80, 87, 90], "ptx": [], "containers": 19, "containers_with": {80: 12, 87: 10, 90: 18}}
+    assert facts.compare_torch_arch_list(flags, vendored) == (False, "matches the cubins found")
 
 
 def test_cli_block_round_trips_through_yaml_and_the_loader(facts, repo):

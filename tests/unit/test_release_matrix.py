@@ -45,6 +45,15 @@ def test_09_runs_v0_on_volta_and_v1_from_ampere_and_shows_its_known_issues(resul
     assert nine["gpu_sets"]["8xV100-32G"]["ok"] and nine["picked_for"] == []
 
 
+def test_07_runs_v0_everywhere_and_names_its_v1_alpha_failure(result):
+    seven = row(result, "0.7.3")
+    assert [seven["by_cc"][cc]["engine"] for cc in ("7.0", "7.5", "8.0", "9.0")] == ["V0"] * 4
+    assert (seven["by_cc"]["7.0"]["attention_backend"], seven["by_cc"]["8.0"]["attention_backend"]) == (
+        "XFORMERS", "FLASH_ATTN")
+    assert seven["pypi"] is True and all(lock["present"] and not lock["missing"] for lock in seven["locks"])
+    assert any("#13398" in issue for issue in seven["known_issues"])
+
+
 def test_the_planner_picks_and_installability_are_separate_columns(result):
     assert row(result, "0.8.5.post1")["picked_for"] == ["8xV100-32G"]
     assert row(result, "0.10.1.1")["picked_for"] == ["8xA100-80G"]
@@ -61,9 +70,9 @@ def test_the_planner_picks_and_installability_are_separate_columns(result):
 
 def test_the_table_names_every_release_and_set(result):
     text = format_matrix(result)
-    for version in ("0.5.4", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"):
+    for version in ("0.5.4", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"):
         assert f"\n{version} " in "\n" + text
-    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.8.5.post1, 0.9.2\n" in text
+    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.7.3, 0.8.5.post1, 0.9.2\n" in text
     assert "0.5.4: not installable from PyPI" in text
 
 
@@ -122,7 +131,7 @@ def test_every_release_plans_on_the_lab_profiles_or_is_refused_as_the_matrix_say
             assert release.validate_argv(replica["args"]) == [], (version, replica["args"])
         planned.append(version)
     print(profile, "planned:", planned)
-    assert {"0.5.4", "0.8.5.post1", "0.9.2"} <= set(planned), planned
+    assert {"0.5.4", "0.7.3", "0.8.5.post1", "0.9.2"} <= set(planned), planned
 
 
 def test_gemma2_on_volta_is_refused_for_the_way_each_release_fails():
@@ -145,3 +154,43 @@ def test_gemma2_on_volta_is_refused_for_the_way_each_release_fails():
         said[version] = refusal.value.reason
     assert "'XFormers does not support attention logits soft capping.'" in said["0.5.4"]
     assert "'XFormers does not support logits soft cap. Outputs may be slightly off.'" in said["0.9.2"]
+
+
+# (release, profile) -> what the plan must show: VLLM_USE_V1 in the replica environment (None: unset), whether
+# --disable-log-requests and --disable-frontend-multiprocessing are emitted, and --swap-space (None: not emitted,
+# "int": a whole number, V0 only). Sources: each release's entry in data/vllm-releases.yml.
+DIFFERENCES = {
+    ("0.5.4", "v100-pcie-8x"): (None, True, True, "int"),
+    ("0.5.4", "a100-sxm4-8x"): (None, True, True, "int"),
+    ("0.7.3", "v100-pcie-8x"): (None, True, False, "int"),       # V1 is opt-in: nothing to switch off
+    ("0.7.3", "a100-sxm4-8x"): (None, True, False, "int"),       # V0 on Ampere too
+    ("0.8.5.post1", "v100-pcie-8x"): ("0", True, False, "int"),
+    ("0.8.5.post1", "a100-sxm4-8x"): (None, True, False, None),  # V1: no CPU swap
+    ("0.9.2", "dgx1-v100"): ("0", True, False, "int"),
+    ("0.9.2", "a100-sxm4-8x"): (None, True, False, None),
+}
+
+
+@pytest.mark.parametrize("version, profile", sorted(DIFFERENCES))
+def test_the_plan_carries_each_releases_differences(version, profile):
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.gpus import lab_facts, lab_ram_bytes  # type: ignore[import-not-found]
+    from fixtures.models import model_config  # type: ignore[import-not-found]
+    from ansible.module_utils.revive_model import model_from_config
+    from ansible.module_utils.revive_plan import Overrides, PackageSource, Serve, Workload, plan_release
+
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    model = model_from_config(model_config("internlm2-chat-20b", dtype="F16"), "/data/models/chat-20b")
+    result = plan_release(lab_facts(profile), model, data, Workload(), Overrides(vllm_version=version), Serve(),
+                          lab_ram_bytes(profile), PackageSource("mirror", "https://pypi.internal.example/simple"))
+    use_v1, log_flag, frontend_flag, swap = DIFFERENCES[(version, profile)]
+    for replica in result["replicas"]:
+        args = replica["args"]
+        assert replica["env"].get("VLLM_USE_V1") == use_v1, (version, profile, replica["env"])
+        assert ("--disable-log-requests" in args) is log_flag
+        assert ("--disable-frontend-multiprocessing" in args) is frontend_flag
+        assert "--enable-chunked-prefill" not in args   # max-model-len 4096: no release turns it on by itself
+        if swap is None:
+            assert "--swap-space" not in args
+        else:
+            assert args[args.index("--swap-space") + 1].isdigit()
