@@ -12,8 +12,9 @@ Writes into DEST, for every release in SIMULATED_RELEASES:
   model), and vllm/_twin/release.json, which fixes the release the wheel simulates
   (vllm/_twin/release.py): its version, commit, behaviour switches and its data from data/vllm-releases.yml
   (the CLI table its parser is built from, the metric names it serves, KV sizing family, head sizes,
-  quantization minimums; check_behaviour refuses a release the twin cannot simulate as the data says). Requires-Dist names the release's placeholders at
-  their exact `+sim` versions and nvidia-ml-py==13.615.71, so a resolver finds the whole set.
+  quantization minimums; check_behaviour refuses a release the twin cannot simulate as the data says).
+  Requires-Dist names the release's placeholders at their exact `+sim` versions and nvidia-ml-py==13.615.71,
+  so a resolver finds the whole set.
   `vllm==0.8.5.post1` picks it: a version specifier without a local label matches `0.8.5.post1+sim`
   (PEP 440).
 * One placeholder wheel `<name>-<pin>+sim` for every other pin data/vllm-releases.yml lists for the release
@@ -137,8 +138,9 @@ def release_data(entry) -> Dict[str, Any]:
     """The fields of the release's entry the twin follows (vllm/_twin/release.py ReleaseData), as release.json
     holds them."""
     raw = entry.raw
-    missing = [key for key in ("metrics_need_disable_frontend_multiprocessing", "paged_attention_head_sizes",
-                               "swap_space_limits", "chunked_prefill_auto_above", "custom_all_reduce") if key not in raw]
+    needed = ("metrics_need_disable_frontend_multiprocessing", "paged_attention_head_sizes", "swap_space_limits",
+              "chunked_prefill_auto_above", "custom_all_reduce")
+    missing = [key for key in needed if key not in raw]
     if missing:
         raise SystemExit(f"data/vllm-releases.yml: {entry.version} has no {', '.join(missing)}; the twin follows them")
     return {"metrics_need_disable_frontend_multiprocessing": bool(raw["metrics_need_disable_frontend_multiprocessing"]),

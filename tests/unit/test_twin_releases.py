@@ -250,6 +250,12 @@ def test_v1_is_opt_in_before_0_8_and_falls_back_on_volta_from_0_8(release, src, 
     assert falls_back == (fallback is not None)
     if fallback:
         assert f"[{fallback}] Compute Capability < 8.0" in unset.stdout
+        # 0.9.2 no longer falls back for tensorizer loads (0.8.5.post1 warns about the load format first)
+        tensorizer = run(src, models["7b"], ["--dtype", "half", "--load-format", "tensorizer",
+                                             "--gpu-memory-utilization", "1.5"], tmp_path)
+        assert tensorizer.returncode == 1
+        assert f"[{fallback}] Compute Capability < 8.0 is not supported" in tensorizer.stdout
+        assert "--load_format tensorizer" not in tensorizer.stdout
     asked = run(src, models["7b"], ["--dtype", "half"], tmp_path, {"VLLM_USE_V1": "1"})
     assert asked.returncode == 1
     last = asked.stderr.rstrip().splitlines()[-1]

@@ -655,7 +655,8 @@ class OpenAIApp:
         choices = []
         for seq in group.seqs[:params.n]:
             message: Dict[str, Any] = {"role": role, "content": prefix + seq.text, "tool_calls": []}
-            if current().behaviour.reasoning_content:  # ChatMessage (v0.8.5.post1:vllm/entrypoints/openai/protocol.py:1323-1327)
+            # ChatMessage (v0.8.5.post1:vllm/entrypoints/openai/protocol.py:1323-1327)
+            if current().behaviour.reasoning_content:
                 message = {"role": role, "reasoning_content": None, "content": prefix + seq.text, "tool_calls": []}
             choices.append({"index": seq.index, "message": message,
                             "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason})

@@ -67,7 +67,8 @@ ROUTES = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2
 _DOCS = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2-redirect", "GET, HEAD"),
          ("/redoc", "GET, HEAD")]
 _CORE = [("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/models", "GET"), ("/version", "GET"),
-         ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/embeddings", "POST"), ("/pooling", "POST")]
+         ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/embeddings", "POST"),
+         ("/pooling", "POST")]
 _RERANK = [("/rerank", "POST"), ("/v1/rerank", "POST"), ("/v2/rerank", "POST")]
 # v0.8.5.post1:vllm/entrypoints/openai/api_server.py:328-331 (instrumentator), 391-738
 ROUTES_085 = (_DOCS + [("/health", "GET"), ("/load", "GET"), ("/ping", "POST, GET")] + _CORE
@@ -121,7 +122,8 @@ def _engine_exception_log(failure: startup.StartupFailure) -> None:
     """run_mp_engine's logger.exception(e) in the engine process (v0.8.5.post1:vllm/engine/multiprocessing/
     engine.py:447-450): the message, then the traceback on continuation lines."""
     frames = "".join(traceback.format_tb(failure.__traceback__)).rstrip("\n")
-    vlog.error(current().source("engine_exception", "engine.py:448"), f"{failure.message}\nTraceback (most recent call last):\n{frames}\n"
+    vlog.error(current().source("engine_exception", "engine.py:448"),
+               f"{failure.message}\nTraceback (most recent call last):\n{frames}\n"
                f"{failure.exc_type}: {failure.message}")
 
 
@@ -229,7 +231,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     def engine_started() -> None:
         engine_started_at.append(time.monotonic())
         if frontend_multiprocessing and not release.legacy:
-            vlog.info(release.source("engine_pid", "api_server.py:246"), f"Started engine process with PID {os.getpid()}")
+            vlog.info(release.source("engine_pid", "api_server.py:246"),
+                      f"Started engine process with PID {os.getpid()}")
             vlog.sim("the simulated engine runs inside the API process; the PID above is the API process's own")
 
     try:

@@ -52,6 +52,22 @@ ARG_DTYPES = {"half": "float16", "float16": "float16", "float": "float32", "floa
 KV_SIZING_DTYPE = {"float16": "half", "bfloat16": "bfloat16", "float32": "float32"}
 V085_DEFAULT_BATCHED_TOKENS = 2048  # v0.8.5.post1:vllm/config.py:68 _DEFAULT_MAX_NUM_BATCHED_TOKENS
 PG_WAIT_TIMEOUT_SECONDS = 1800      # v0.8.5.post1:vllm/executor/ray_utils.py:24
+# _set_default_args_v0's warnings: chunked prefill turned on above 32K, a long context without it
+# (v0.6.6.post1:vllm/engine/arg_utils.py:1103-1117 and v0.7.3 :1187-1201; v0.8.5.post1 :1525-1539, v0.9.2 :1531-1546)
+LONG_CONTEXT_WORDS = {
+    "0.6": ("Chunked prefill is enabled by default for models with max_model_len > 32K. Currently, chunked prefill "
+            "might not work with some features or models. If you encounter any issues, please disable chunked "
+            "prefill by setting --enable-chunked-prefill=False.",
+            "The model has a long context length ({}). This may cause OOM errors during the initial memory profiling "
+            "phase, or result in low performance due to small KV cache space. Consider setting --max-model-len to a "
+            "smaller value."),
+    "0.8": ("Chunked prefill is enabled by default for models with max_model_len > 32K. Chunked prefill might not "
+            "work with some features or models. If you encounter any issues, please disable by launching with "
+            "--enable-chunked-prefill=False.",
+            "The model has a long context length ({}). This may causeOOM during the initial memory profiling phase, "
+            "or result in low performance due to small KV cache size. Consider setting --max-model-len to a smaller "
+            "value."),
+}
 
 
 class StartupFailure(Exception):
@@ -286,26 +302,14 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
     if not release.legacy:
         # _set_default_args_v0 (v0.8.5.post1:vllm/engine/arg_utils.py:1501-1563; the same defaults in
         # v0.6.6.post1 :1090-1117 and v0.7.3 :1173-1201, worded as 0.6 words them)
-        early = release.behaviour.engine_oracle == "opt-in"
+        words = LONG_CONTEXT_WORDS["0.6" if release.behaviour.engine_oracle == "opt-in" else "0.8"]
         if chunked is None and max_model_len > release.data.chunked_prefill_auto_above and \
                 not facts.get("sliding_window"):
             chunked = True
-            vlog.warning(release.source("chunked_auto", "arg_utils.py:1525"), (
-                "Chunked prefill is enabled by default for models with max_model_len > 32K. Currently, chunked "
-                "prefill might not work with some features or models. If you encounter any issues, please disable "
-                "chunked prefill by setting --enable-chunked-prefill=False.") if early else (
-                "Chunked prefill is enabled by default for models with max_model_len > 32K. Chunked prefill might "
-                "not work with some features or models. If you encounter any issues, please disable by launching "
-                "with --enable-chunked-prefill=False."))
+            vlog.warning(release.source("chunked_auto", "arg_utils.py:1525"), words[0])
         chunked = bool(chunked)
         if not chunked and max_model_len > release.data.chunked_prefill_auto_above:
-            vlog.warning(release.source("long_context", "arg_utils.py:1536"), (
-                f"The model has a long context length ({max_model_len}). This may cause OOM errors during the "
-                "initial memory profiling phase, or result in low performance due to small KV cache space. "
-                "Consider setting --max-model-len to a smaller value.") if early else (
-                f"The model has a long context length ({max_model_len}). This may causeOOM during the initial "
-                "memory profiling phase, or result in low performance due to small KV cache size. Consider setting "
-                "--max-model-len to a smaller value."))
+            vlog.warning(release.source("long_context", "arg_utils.py:1536"), words[1].format(max_model_len))
         if max_num_seqs is None:
             max_num_seqs = 256  # V0's default (arg_utils.py:1561-1563; v0.7.3 :224)
     if args.gpu_memory_utilization > 1.0:
@@ -400,9 +404,9 @@ def opt_in_v1(environ: Dict[str, str]) -> str:
         raise StartupFailure("ValueError", "invalid literal for int() with base 10: ''", in_engine=False)
     if int(raw) == 0:
         return "V0"
-    raise StartupFailure("NotImplementedError", f"[twin] VLLM_USE_V1={raw} runs vLLM {current().release}'s V1 engine, "
-                         "which the twin does not simulate (it simulates V0, the default of this release); unset "
-                         "VLLM_USE_V1", in_engine=False)
+    raise StartupFailure("NotImplementedError", f"[twin] VLLM_USE_V1={raw} runs vLLM {current().release}'s V1 "
+                         "engine, which the twin does not simulate (it simulates V0, the default of this release); "
+                         "unset VLLM_USE_V1", in_engine=False)
 
 
 def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> str:
@@ -421,9 +425,9 @@ def engine_choice(args, visible: List[gpu_mod.Gpu], environ: Dict[str, str]) -> 
     explicit = raw is not None
     reason = v1_unsupported_feature(args, visible, environ)
     if reason is None:
-        raise StartupFailure("NotImplementedError", f"[twin] this configuration runs vLLM {current().release}'s V1 engine, "
-                             "which the twin does not simulate (it simulates V0, what GPUs of compute capability "
-                             "< 8.0 run); set VLLM_USE_V1=0 to simulate V0", in_engine=False)
+        raise StartupFailure("NotImplementedError", f"[twin] this configuration runs vLLM {current().release}'s V1 "
+                             "engine, which the twin does not simulate (it simulates V0, what GPUs of compute "
+                             "capability < 8.0 run); set VLLM_USE_V1=0 to simulate V0", in_engine=False)
     feature, recommend = reason
     if explicit:
         raise StartupFailure("NotImplementedError", f"VLLM_USE_V1=1 is not supported with {feature}.")
@@ -609,9 +613,8 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     block_size = kv.block_size
     if behaviour.memory_profiling_line:
         for prefix in [""] + prefixes:
-            vlog.info(release.source("memory_profiling", "worker.py:287"), memory_profiling_message(kv, total, args.gpu_memory_utilization,
-                                                                perf.PROFILE_RUN_SECONDS * settings.time_scale),
-                      prefix)
+            vlog.info(release.source("memory_profiling", "worker.py:287"), memory_profiling_message(
+                kv, total, args.gpu_memory_utilization, perf.PROFILE_RUN_SECONDS * settings.time_scale), prefix)
     num_gpu_blocks = kv.num_gpu_blocks
     errors = list(kv.errors)
     if args.num_gpu_blocks_override is not None:
