@@ -165,7 +165,7 @@ def check_behaviour(version: str, entry) -> None:
     if behaviour.parser == "table" and not entry.raw.get("cli", {}).get("arguments"):
         raise SystemExit(f"data/vllm-releases.yml has no CLI table for {version}: the twin's parser is built from it")
     metrics = _twin_module("metrics")
-    era = metrics.era_of(behaviour.metrics_era, version)
+    era = behaviour.metrics_era
     if not entry.metrics:
         raise SystemExit(f"data/vllm-releases.yml lists no metrics for {version}: the twin serves exactly that list")
     unknown = metrics.unknown_families(list(entry.metrics), era)

@@ -237,13 +237,6 @@ ERAS: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def era_of(metrics_era: str, release: str) -> str:
-    """The key of ERAS for a release: Behaviour.metrics_era, with 0.7's families for 0.7.x (no avg_* gauges)."""
-    if metrics_era == "0.6" and release.startswith("0.7."):
-        return "0.7"
-    return metrics_era
-
-
 def unknown_families(names: Sequence[str], era: str) -> List[str]:
     """The names of a release's `metrics:` list the twin cannot serve for that release."""
     return [name for name in names if name not in ERAS[era]]

@@ -36,9 +36,9 @@ class Behaviour:
     # Log lines `LEVEL MM-DD HH:MM:SS [file.py:N] msg` (v0.8.5.post1:vllm/logger.py:22-23) instead of
     # `LEVEL MM-DD HH:MM:SS file.py:N] msg` (v0.5.4, v0.6.6.post1:vllm/logger.py:20-21, v0.7.3:vllm/logger.py:22-23).
     log_brackets: bool
-    # The metric families' buckets and extras (vllm/engine/metrics.py of the release, vllm/_twin/metrics.py
-    # ERAS): "0.5.4", "0.6" (0.6.x-0.7.x) or "0.8" (0.8.x-0.9.x). Which families are served is the data's
-    # `metrics:` list.
+    # The metric families the release's vllm/engine/metrics.py defines and their buckets (vllm/_twin/metrics.py
+    # ERAS, bucket_bounds): "0.5.4", "0.6" (0.6.6.post1), "0.7" (0.7.3: 0.6's without the avg_* gauges) or "0.8"
+    # (0.8.5.post1, 0.9.2). Which of them are served is the data's `metrics:` list.
     metrics_era: str
     # Engine start-up failure in the default mode: "hang" (0.5.4, #7213) or "exit" (PR #7217: the API
     # process gives up at its next RPC poll, v0.8.5.post1:vllm/entrypoints/openai/api_server.py:262-271).
@@ -146,7 +146,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
                  "kv_concurrency_tp": "distributed_gpu_executor.py:61", "routes": "launcher.py:19",
                  "route": "launcher.py:27"}),
     "0.7.3": Behaviour(
-        parser="table", log_brackets=False, metrics_era="0.6", engine_start_failure="exit",
+        parser="table", log_brackets=False, metrics_era="0.7", engine_start_failure="exit",
         config_order="engine-first", engine_oracle="opt-in", sigterm_default_mode="stall", engine_watchdog=False,
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,

@@ -50,7 +50,7 @@ from vllm._twin import perf, startup, vlog
 from vllm._twin.api import ApiConfig, OpenAIApp
 from vllm._twin.engine import Engine
 from vllm._twin.http import HttpServer, stdout_log
-from vllm._twin.metrics import VllmMetrics, era_of
+from vllm._twin.metrics import VllmMetrics
 from vllm._twin.release import current, pick
 from vllm._twin.runner import Runner
 from vllm._twin.utilization import UtilizationReporter
@@ -279,7 +279,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     if not args.disable_log_stats:
         graph_sizes = [] if args.enforce_eager else perf.graph_batch_sizes(setup.engine_config.max_num_seqs)
         vllm_metrics = VllmMetrics(setup.served_model_names[0], setup.max_model_len, release.metrics,
-                                   era_of(release.behaviour.metrics_era, release.release), graph_sizes)
+                                   release.behaviour.metrics_era, graph_sizes)
         vllm_metrics.set_cache_config(setup.cache_config_info)
     utilization = UtilizationReporter(settings.utilization_file, [g.nvml_index for g in setup.group],
                                       settings.busy_gpu_rank, settings.busy_gpu_extra_percent, vlog.sim)
