@@ -260,7 +260,8 @@ def check_venv(report: Report, release: str, venv: Path) -> bool:
         how = f" on the CUDA platform stand-in (plain --help without a GPU: RuntimeError '{NO_DEVICE_ERROR}')"
     if helped.returncode == 0:
         options = len(re.findall(r"^\s{2}(-{1,2}[A-Za-z])", helped.stdout, re.MULTILINE))
-        report.line(f"  --help    exit 0, {len(helped.stdout.splitlines())} lines on stdout, {options} option lines{how}")
+        report.line(f"  --help    exit 0, {len(helped.stdout.splitlines())} lines on stdout, {options} option "
+                    f"lines{how}")
     else:
         ok = False
         report.fail(f"api_server --help in {venv} (exit {helped.returncode})", _tail(helped.stdout + helped.stderr))

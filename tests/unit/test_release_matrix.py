@@ -45,13 +45,14 @@ def test_09_runs_v0_on_volta_and_v1_from_ampere_and_shows_its_known_issues(resul
     assert nine["gpu_sets"]["8xV100-32G"]["ok"] and nine["picked_for"] == []
 
 
-def test_07_runs_v0_everywhere_and_names_its_v1_alpha_failure(result):
-    seven = row(result, "0.7.3")
+@pytest.mark.parametrize("version", ["0.6.6.post1", "0.7.3"])
+def test_066_and_073_run_v0_everywhere_and_name_their_v1_alpha_failure(result, version):
+    seven = row(result, version)
     assert [seven["by_cc"][cc]["engine"] for cc in ("7.0", "7.5", "8.0", "9.0")] == ["V0"] * 4
     assert (seven["by_cc"]["7.0"]["attention_backend"], seven["by_cc"]["8.0"]["attention_backend"]) == (
         "XFORMERS", "FLASH_ATTN")
     assert seven["pypi"] is True and all(lock["present"] and not lock["missing"] for lock in seven["locks"])
-    assert any("#13398" in issue for issue in seven["known_issues"])
+    assert any("#13398" in issue and issue.startswith("on CC < 8.0: ") for issue in seven["known_issues"])
 
 
 def test_the_planner_picks_and_installability_are_separate_columns(result):
@@ -70,9 +71,10 @@ def test_the_planner_picks_and_installability_are_separate_columns(result):
 
 def test_the_table_names_every_release_and_set(result):
     text = format_matrix(result)
-    for version in ("0.5.4", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"):
+    for version in ("0.5.4", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"):
         assert f"\n{version} " in "\n" + text
-    assert "8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.7.3, 0.8.5.post1, 0.9.2\n" in text
+    assert ("8xV100-32G: the planner picks 0.8.5.post1; a pinned plan runs 0.5.4, 0.6.6.post1, 0.7.3, 0.8.5.post1, "
+            "0.9.2\n") in text
     assert "0.5.4: not installable from PyPI" in text
 
 
@@ -131,7 +133,7 @@ def test_every_release_plans_on_the_lab_profiles_or_is_refused_as_the_matrix_say
             assert release.validate_argv(replica["args"]) == [], (version, replica["args"])
         planned.append(version)
     print(profile, "planned:", planned)
-    assert {"0.5.4", "0.7.3", "0.8.5.post1", "0.9.2"} <= set(planned), planned
+    assert {"0.5.4", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2"} <= set(planned), planned
 
 
 def test_gemma2_on_volta_is_refused_for_the_way_each_release_fails():
@@ -162,7 +164,9 @@ def test_gemma2_on_volta_is_refused_for_the_way_each_release_fails():
 DIFFERENCES = {
     ("0.5.4", "v100-pcie-8x"): (None, True, True, "int"),
     ("0.5.4", "a100-sxm4-8x"): (None, True, True, "int"),
-    ("0.7.3", "v100-pcie-8x"): (None, True, False, "int"),       # V1 is opt-in: nothing to switch off
+    ("0.6.6.post1", "dgx1-v100"): (None, True, False, "int"),     # V1 is opt-in: nothing to switch off
+    ("0.6.6.post1", "a100-sxm4-8x"): (None, True, False, "int"),
+    ("0.7.3", "v100-pcie-8x"): (None, True, False, "int"),
     ("0.7.3", "a100-sxm4-8x"): (None, True, False, "int"),       # V0 on Ampere too
     ("0.8.5.post1", "v100-pcie-8x"): ("0", True, False, "int"),
     ("0.8.5.post1", "a100-sxm4-8x"): (None, True, False, None),  # V1: no CPU swap

@@ -34,7 +34,7 @@ def data(repo):
 
 
 def test_the_file_holds_the_required_releases(data):
-    assert data.versions() == ["0.5.4", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"]
+    assert data.versions() == ["0.5.4", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.1.1", "0.20.0"]
 
 
 def test_054_has_the_full_cli_table_of_the_reference(data):
@@ -223,14 +223,14 @@ def test_schema_version(raw):
 
 def test_unknown_release_lookup(data):
     with pytest.raises(ReleaseDataError, match=r"vLLM 0.6.3 is not in the release data \(known: 0.5.4, "
-                                               r"0.7.3, 0.8.5.post1, 0.9.2, 0.10.1.1, 0.20.0\)"):
+                                               r"0.6.6.post1, 0.7.3, 0.8.5.post1, 0.9.2, 0.10.1.1, 0.20.0\)"):
         data.release("0.6.3")
 
 
 # ---------------------------------------------------------------- the engine oracle and known issues
 
-@pytest.mark.parametrize("version, oracle", [("0.5.4", "v0-only"), ("0.7.3", "v1-opt-in"),
-                                             ("0.8.5.post1", "v1-default-cc8-fallback"),
+@pytest.mark.parametrize("version, oracle", [("0.5.4", "v0-only"), ("0.6.6.post1", "v1-opt-in"),
+                                             ("0.7.3", "v1-opt-in"), ("0.8.5.post1", "v1-default-cc8-fallback"),
                                              ("0.9.2", "v1-default-cc8-fallback"), ("0.20.0", "v1-only")])
 def test_each_release_says_how_it_picks_its_engine(data, version, oracle):
     assert data.release(version).engine_oracle == oracle
