@@ -54,7 +54,7 @@ MODULE_UTILS = REPO / "module_utils"
 BUNDLED_MODULE_UTILS = ("revive_model.py", "revive_kv.py", "revive_topology.py", "revive_perf.py")
 RELEASES = REPO / "data" / "vllm-releases.yml"
 REVIVE = REPO / "bin" / "revive"
-SIMULATED_RELEASES = ("0.5.4", "0.7.3", "0.8.5.post1", "0.9.2")
+SIMULATED_RELEASES = ("0.5.4", "0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2")
 LAB_PYTHONS = ("3.11",)   # Debian 12's python3 on the lab nodes
 NVML_PIN = "nvidia-ml-py==13.615.71"
 EPOCH = (1980, 1, 1, 0, 0, 0)
