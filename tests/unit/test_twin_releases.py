@@ -42,6 +42,15 @@ from vllm.entrypoints.openai.cli_args import build_parser
 print(json.dumps(vars(build_parser().parse_args(json.loads(sys.argv[1]))), default=str))
 """
 # What each release says where they differ (the switches of vllm/_twin/release.py, with their sources there).
+# CacheConfig's attributes, the labels of vllm:cache_config_info (v0.6.6.post1:vllm/config.py:981-997,
+# v0.7.3 :1059-1075, v0.9.2 :1483-1566)
+CACHE_066 = ["block_size", "gpu_memory_utilization", "swap_space_bytes", "num_gpu_blocks_override", "cache_dtype",
+             "is_attention_free", "sliding_window", "enable_prefix_caching", "cpu_offload_gb", "num_gpu_blocks",
+             "num_cpu_blocks"]
+CACHE_092 = ["block_size", "gpu_memory_utilization", "swap_space", "cache_dtype", "is_attention_free",
+             "num_gpu_blocks_override", "sliding_window", "enable_prefix_caching", "prefix_caching_hash_algo",
+             "cpu_offload_gb", "calculate_kv_scales", "cpu_kvcache_space_bytes", "num_gpu_blocks", "num_cpu_blocks",
+             "swap_space_bytes"]
 # kv_at / concurrency_at: (one GPU, several GPUs).
 EXPECTED = {
     "0.6.6.post1": {"brackets": False, "version": "api_server.py:712", "kv": "# GPU blocks:",
@@ -50,20 +59,22 @@ EXPECTED = {
                     "profiling_at": "worker.py:241", "args": "args: Namespace(", "start": None, "uvicorn": True,
                     "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
                     "message": ["role", "content", "tool_calls"], "kv_transfer_params": False,
-                    "service": {"/ping": 404, "/load": 404}, "engine_init": ("llm_engine.py:234", "an LLM engine")},
+                    "service": {"/ping": 404, "/load": 404}, "engine_init": ("llm_engine.py:234", "an LLM engine"),
+                    "cache_config": CACHE_066},
     "0.7.3": {"brackets": False, "version": "api_server.py:912", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:111",) * 2, "concurrency_at": ("executor_base.py:116",) * 2,
               "profiling_at": "worker.py:267", "args": "args: Namespace(", "start": "Starting vLLM API server on http://",
               "uvicorn": False, "v1_fallback": None, "engine_first": True, "e2e_top": 60.0, "ttft_top": 10.0,
               "message": ["role", "reasoning_content", "content", "tool_calls"], "kv_transfer_params": False,
-              "service": {"/ping": 200, "/load": 404}, "engine_init": ("llm_engine.py:234", "a V0 LLM engine")},
+              "service": {"/ping": 200, "/load": 404}, "engine_init": ("llm_engine.py:234", "a V0 LLM engine"),
+              "cache_config": CACHE_066 + ["calculate_kv_scales"]},
     "0.9.2": {"brackets": True, "version": "api_server.py:1395", "kv": "# cuda blocks:",
               "kv_at": ("executor_base.py:113",) * 2, "concurrency_at": ("executor_base.py:118",) * 2,
               "profiling_at": "worker.py:294", "args": "non-default args: {", "start": "Starting vLLM API server 0 on http://",
               "uvicorn": False, "v1_fallback": "arg_utils.py:1735", "engine_first": False, "e2e_top": 7680.0,
               "ttft_top": 2560.0, "message": ["role", "reasoning_content", "content", "tool_calls"],
               "kv_transfer_params": True, "service": {"/ping": 200, "/load": 200},
-              "engine_init": ("llm_engine.py:230", "a V0 LLM engine")},
+              "engine_init": ("llm_engine.py:230", "a V0 LLM engine"), "cache_config": CACHE_092},
 }
 
 
@@ -291,6 +302,8 @@ def test_response_shapes_and_routes_are_the_releases(release, served):
         assert ("kv_transfer_params" in body) == expected["kv_transfer_params"]
         assert body.get("kv_transfer_params") is None
     assert served.service == expected["service"]
+    info = next(labels for name, labels, _ in harness.iter_metrics(served.metrics) if name == "vllm:cache_config_info")
+    assert sorted(info) == sorted(expected["cache_config"])
     listed = {path for path in ("/ping", "/load") if f"Route: {path}, Methods:" in served.log}
     assert listed == {path for path, status in expected["service"].items() if status == 200}
 

@@ -98,6 +98,8 @@ class Behaviour:
     # The engine's first line: `Initializing an LLM engine (vX) with config: ...` (v0.6.6.post1:vllm/engine/
     # llm_engine.py:234-235) or `Initializing a V0 LLM engine ...` (v0.7.3 :234-235, v0.9.2 :230-231).
     engine_init_words: str = "a V0 LLM engine"
+    # CacheConfig's attributes in order: the labels of vllm:cache_config_info (metrics_info() is its __dict__).
+    cache_config_fields: Tuple[str, ...] = ()
     sources: Dict[str, str] = field(default_factory=dict)
 
 
@@ -125,6 +127,10 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chat-", kv_blocks_device="GPU", kv_concurrency_line=False, memory_profiling_line=False,
         args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
         kv_transfer_params=False, service_routes=(),
+        # docs/facts/vllm-volta.md §4.1
+        cache_config_fields=("block_size", "gpu_memory_utilization", "swap_space_bytes", "num_gpu_blocks_override",
+                             "cache_dtype", "sliding_window", "enable_prefix_caching", "cpu_offload_gb",
+                             "num_gpu_blocks", "num_cpu_blocks"),
         sources={"version": "api_server.py:339", "args": "api_server.py:340", "kv_blocks": "gpu_executor.py:102",
                  "kv_blocks_tp": "distributed_gpu_executor.py:56"}),
     "0.6.6.post1": Behaviour(
@@ -133,6 +139,10 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chatcmpl-", kv_blocks_device="GPU", kv_concurrency_line=True, memory_profiling_line=True,
         args_line="namespace", server_start_line="", uvicorn_running_line=True, reasoning_content=False,
         kv_transfer_params=False, service_routes=(), engine_init_words="an LLM engine",
+        # v0.6.6.post1:vllm/config.py:981-997
+        cache_config_fields=("block_size", "gpu_memory_utilization", "swap_space_bytes", "num_gpu_blocks_override",
+                             "cache_dtype", "is_attention_free", "sliding_window", "enable_prefix_caching",
+                             "cpu_offload_gb", "num_gpu_blocks", "num_cpu_blocks"),
         # v0.6.6.post1:vllm/entrypoints/openai/api_server.py:712-713, 199; worker/worker.py:241; engine/multiprocessing/
         # engine.py:267, 285, 366; entrypoints/logger.py:37; engine/arg_utils.py:1103, 1113;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
@@ -151,6 +161,10 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
         reasoning_content=True, kv_transfer_params=False, service_routes=("/ping",),
+        # v0.7.3:vllm/config.py:1059-1075
+        cache_config_fields=("block_size", "gpu_memory_utilization", "swap_space_bytes", "num_gpu_blocks_override",
+                             "cache_dtype", "is_attention_free", "sliding_window", "enable_prefix_caching",
+                             "cpu_offload_gb", "calculate_kv_scales", "num_gpu_blocks", "num_cpu_blocks"),
         # v0.7.3:vllm/entrypoints/openai/api_server.py:912-913, 209, 958; worker/worker.py:267; engine/multiprocessing/
         # engine.py:280, 298, 400; entrypoints/logger.py:39; engine/arg_utils.py:1187, 1197;
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
@@ -167,6 +181,11 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         chat_id_prefix="chatcmpl-", kv_blocks_device="platform", kv_concurrency_line=True,
         memory_profiling_line=True, args_line="namespace", server_start_line="on", uvicorn_running_line=False,
         reasoning_content=True, kv_transfer_params=False, service_routes=("/ping", "/load"),
+        # v0.8.5.post1:vllm/config.py:1297-1386: the dataclass fields in order, then swap_space_bytes (__post_init__)
+        cache_config_fields=("block_size", "gpu_memory_utilization", "swap_space", "cache_dtype", "is_attention_free",
+                             "num_gpu_blocks_override", "sliding_window", "enable_prefix_caching",
+                             "prefix_caching_hash_algo", "cpu_offload_gb", "calculate_kv_scales", "num_gpu_blocks",
+                             "num_cpu_blocks", "swap_space_bytes"),
         # v0.8.5.post1:vllm/entrypoints/openai/api_server.py:1043-1044, 246, 1090; worker/worker.py:287;
         # engine/multiprocessing/engine.py:330;
         # executor/executor_base.py:112, 117; engine/arg_utils.py:1658
@@ -181,6 +200,11 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         memory_profiling_line=True, args_line="non-default", server_start_line="indexed",
         uvicorn_running_line=False, reasoning_content=True, kv_transfer_params=True,
         service_routes=("/ping", "/load"),
+        # v0.9.2:vllm/config.py:1483-1566: 0.8.5.post1's and cpu_kvcache_space_bytes
+        cache_config_fields=("block_size", "gpu_memory_utilization", "swap_space", "cache_dtype", "is_attention_free",
+                             "num_gpu_blocks_override", "sliding_window", "enable_prefix_caching",
+                             "prefix_caching_hash_algo", "cpu_offload_gb", "calculate_kv_scales",
+                             "cpu_kvcache_space_bytes", "num_gpu_blocks", "num_cpu_blocks", "swap_space_bytes"),
         # v0.9.2:vllm/entrypoints/openai/api_server.py:1395, 268, 1457; entrypoints/openai/cli_args.py:325;
         # engine/multiprocessing/engine.py:317, 337, 458; entrypoints/logger.py:43; engine/arg_utils.py:1531, 1542;
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
@@ -282,7 +306,8 @@ def data_from(raw: Dict[str, Any]) -> ReleaseData:
 
 
 def from_json(data: Dict[str, Any]) -> Release:
-    behaviour = dict(data["behaviour"], service_routes=tuple(data["behaviour"]["service_routes"]))
+    behaviour = dict(data["behaviour"], service_routes=tuple(data["behaviour"]["service_routes"]),
+                     cache_config_fields=tuple(data["behaviour"]["cache_config_fields"]))
     return Release(release=data["release"], version=data["version"], commit=data["commit"],
                    behaviour=Behaviour(**behaviour), data=data_from(data["data"]),
                    arguments=list(data["cli"]["arguments"]), cli_complete=bool(data["cli"]["complete"]))

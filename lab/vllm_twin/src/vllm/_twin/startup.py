@@ -758,24 +758,23 @@ def wait_for_placement_group(world: int, wait: Callable[[float], None]) -> None:
 
 def cache_config_info(args, facts: Dict[str, Any], block_size: int, num_gpu_blocks: int,
                       num_cpu_blocks: int) -> Dict[str, object]:
-    """The labels of vllm:cache_config_info: CacheConfig.metrics_info(), i.e. its __dict__ as strings."""
-    if current().legacy:
-        return {
-            "block_size": block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-            "swap_space_bytes": args.swap_space * GiB, "num_gpu_blocks_override": args.num_gpu_blocks_override,
-            "cache_dtype": args.kv_cache_dtype, "sliding_window": facts.get("sliding_window"),
-            "enable_prefix_caching": args.enable_prefix_caching, "cpu_offload_gb": args.cpu_offload_gb,
-            "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks,
-        }
-    # v0.8.5.post1:vllm/config.py:1297-1386: the dataclass fields in order, then swap_space_bytes (__post_init__)
-    return {
+    """The labels of vllm:cache_config_info: CacheConfig.metrics_info(), i.e. its __dict__ as strings, with the
+    attributes of the release's CacheConfig (Behaviour.cache_config_fields)."""
+    behaviour = current().behaviour
+    prefix_caching = args.enable_prefix_caching
+    if behaviour.engine_oracle == "opt-in" and prefix_caching is None:
+        # EngineArgs.__post_init__: bool(VLLM_USE_V1) (v0.6.6.post1:vllm/engine/arg_utils.py:208-209, v0.7.3 :219-220)
+        prefix_caching = False
+    values: Dict[str, object] = {
         "block_size": block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-        "swap_space": args.swap_space, "cache_dtype": args.kv_cache_dtype, "is_attention_free": False,
-        "num_gpu_blocks_override": args.num_gpu_blocks_override, "sliding_window": facts.get("sliding_window"),
-        "enable_prefix_caching": args.enable_prefix_caching, "prefix_caching_hash_algo": "builtin",
-        "cpu_offload_gb": args.cpu_offload_gb, "calculate_kv_scales": False, "num_gpu_blocks": num_gpu_blocks,
-        "num_cpu_blocks": num_cpu_blocks, "swap_space_bytes": args.swap_space * GiB,
+        "swap_space": args.swap_space, "swap_space_bytes": args.swap_space * GiB,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override, "cache_dtype": args.kv_cache_dtype,
+        "is_attention_free": False, "sliding_window": facts.get("sliding_window"),
+        "enable_prefix_caching": prefix_caching, "prefix_caching_hash_algo": "builtin",
+        "cpu_offload_gb": args.cpu_offload_gb, "calculate_kv_scales": False, "cpu_kvcache_space_bytes": None,
+        "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks,
     }
+    return {name: values[name] for name in behaviour.cache_config_fields}
 
 
 def _version() -> str:
