@@ -139,7 +139,7 @@ def release_data(entry) -> Dict[str, Any]:
     holds them."""
     raw = entry.raw
     needed = ("metrics_need_disable_frontend_multiprocessing", "paged_attention_head_sizes", "swap_space_limits",
-              "chunked_prefill_auto_above", "custom_all_reduce")
+              "chunked_prefill_auto_above", "custom_all_reduce", "bf16_auto_fallback")
     missing = [key for key in needed if key not in raw]
     if missing:
         raise SystemExit(f"data/vllm-releases.yml: {entry.version} has no {', '.join(missing)}; the twin follows them")
@@ -149,7 +149,7 @@ def release_data(entry) -> Dict[str, Any]:
             "quantization_min_cc": dict(entry.quantization_min_cc), "metrics": list(entry.metrics),
             "swap_space_limits": dict(raw["swap_space_limits"]),
             "chunked_prefill_auto_above": raw["chunked_prefill_auto_above"],
-            "custom_all_reduce": dict(raw["custom_all_reduce"])}
+            "custom_all_reduce": dict(raw["custom_all_reduce"]), "bf16_auto_fallback": bool(raw["bf16_auto_fallback"])}
 
 
 def check_behaviour(version: str, entry) -> None:

@@ -111,7 +111,8 @@ def src(release, tmp_path_factory):
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return {"20b": harness.write_model("internlm2-chat-20b", root / "chat-20b-fp16", dtype="F16"),
-            "7b": harness.write_model("llama-2-7b-chat", root / "llama-2-7b", dtype="F16")}
+            "7b": harness.write_model("llama-2-7b-chat", root / "llama-2-7b", dtype="F16"),
+            "7b-bf16": harness.write_model("llama-2-7b-chat", root / "llama-2-7b-bf16", dtype="BF16")}
 
 
 def python(src: Path, code: str, *argv: str) -> subprocess.CompletedProcess:
@@ -331,6 +332,22 @@ def test_a_dead_engine_stops_the_server_at_the_next_request_without_a_watchdog_b
         assert twin.process.wait(timeout=20) == 0
     finally:
         twin.stop(signal.SIGKILL)
+
+
+def test_dtype_auto_on_volta_follows_the_datas_bf16_fallback(release, src, models, tmp_path):
+    """`--dtype auto` with a BF16 checkpoint on a V100: where the data says bf16_auto_fallback (0.9.2) the config
+    falls back to float16 with vLLM's warning; before, the worker refuses BF16 at start."""
+    done = run(src, models["7b-bf16"], ["--max-model-len", "2048"], tmp_path,
+               {"VLLM_SIM_FAULT_FAIL_AFTER_LOAD": "stop here"})
+    assert done.returncode == 1
+    if release.raw["bf16_auto_fallback"]:
+        assert "Your device 'Tesla V100-PCIE-32GB' (with compute capability 7.0) doesn't support torch.bfloat16. " \
+               "Falling back to torch.float16 for compatibility." in done.stdout
+        assert "dtype=torch.float16" in done.stdout
+        assert "[twin fault VLLM_SIM_FAULT_FAIL_AFTER_LOAD] stop here" in done.stderr
+    else:
+        assert "Falling back to torch.float16" not in done.stdout and "dtype=torch.bfloat16" in done.stdout
+        assert "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0." in done.stderr
 
 
 # --------------------------------------------------------------------------- the wheel build's checks

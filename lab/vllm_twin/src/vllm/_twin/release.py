@@ -118,6 +118,7 @@ class ReleaseData:
     swap_space_limits: Dict[str, float]          # error_fraction / warn_fraction of host RAM (CacheConfig)
     chunked_prefill_auto_above: int              # V0 turns chunked prefill on above this max_model_len
     custom_all_reduce: Dict[str, Any]            # world_sizes, pcie_only_max_world_size
+    bf16_auto_fallback: bool                     # `--dtype auto` takes float16 for a BF16 checkpoint on CC < 8.0
 
 
 BEHAVIOURS: Dict[str, Behaviour] = {
@@ -147,7 +148,8 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # engine.py:267, 285, 366; entrypoints/logger.py:37; engine/arg_utils.py:1103, 1113;
         # executor/gpu_executor.py:76, 80; executor/distributed_gpu_executor.py:57, 61; entrypoints/launcher.py:19, 27
         sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:712", "args": "api_server.py:713",
-                 "engine_pid": "api_server.py:199", "engine_exception": "engine.py:366",
+                 "engine_pid": "api_server.py:199", "upcasting": "config.py:2268", "downcasting": "config.py:2272",
+                 "casting": "config.py:2276", "engine_exception": "engine.py:366",
                  "added_request": "engine.py:267", "aborted_request": "engine.py:285",
                  "received_request": "logger.py:37", "memory_profiling": "worker.py:241",
                  "chunked_auto": "arg_utils.py:1103", "long_context": "arg_utils.py:1113",
@@ -170,6 +172,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # executor/executor_base.py:111, 116; entrypoints/launcher.py:23, 31
         sources={"engine_init": "llm_engine.py:234", "version": "api_server.py:912", "args": "api_server.py:913",
                  "engine_pid": "api_server.py:209", "server_start": "api_server.py:958",
+                 "upcasting": "config.py:2440", "downcasting": "config.py:2444", "casting": "config.py:2448",
                  "engine_exception": "engine.py:400", "added_request": "engine.py:280",
                  "aborted_request": "engine.py:298", "received_request": "logger.py:39",
                  "memory_profiling": "worker.py:267", "chunked_auto": "arg_utils.py:1187",
@@ -210,6 +213,7 @@ BEHAVIOURS: Dict[str, Behaviour] = {
         # worker/worker.py:294; executor/executor_base.py:113, 118; engine/arg_utils.py:1735; launcher.py:29, 37
         sources={"engine_init": "llm_engine.py:230", "version": "api_server.py:1395", "args": "cli_args.py:325",
                  "engine_pid": "api_server.py:268", "server_start": "api_server.py:1457",
+                 "upcasting": "config.py:3365", "downcasting": "config.py:3368", "casting": "config.py:3371",
                  "engine_exception": "engine.py:458", "added_request": "engine.py:317",
                  "aborted_request": "engine.py:337", "received_request": "logger.py:43",
                  "memory_profiling": "worker.py:294", "chunked_auto": "arg_utils.py:1531",
@@ -239,7 +243,7 @@ CHECKOUT_DATA = ReleaseData(
         "vllm:spec_decode_num_emitted_tokens_total", "vllm:avg_prompt_throughput_toks_per_s",
         "vllm:avg_generation_throughput_toks_per_s"),
     swap_space_limits={"error_fraction": 0.7, "warn_fraction": 0.4}, chunked_prefill_auto_above=32768,
-    custom_all_reduce={"world_sizes": [2, 4, 6, 8], "pcie_only_max_world_size": 2})
+    custom_all_reduce={"world_sizes": [2, 4, 6, 8], "pcie_only_max_world_size": 2}, bf16_auto_fallback=False)
 
 # The upstream commit each release was built from (what `vllm.__commit__` says). 0.5.4: its wheel's
 # vllm/commit_id.py. The later wheels carry no commit id (vllm/version.py reads setuptools-scm's _version.py
@@ -302,7 +306,8 @@ def data_from(raw: Dict[str, Any]) -> ReleaseData:
         swap_space_limits={k: float(v) for k, v in raw["swap_space_limits"].items()},
         chunked_prefill_auto_above=int(raw["chunked_prefill_auto_above"]),
         custom_all_reduce={"world_sizes": list(raw["custom_all_reduce"]["world_sizes"]),
-                           "pcie_only_max_world_size": int(raw["custom_all_reduce"]["pcie_only_max_world_size"])})
+                           "pcie_only_max_world_size": int(raw["custom_all_reduce"]["pcie_only_max_world_size"])},
+        bf16_auto_fallback=bool(raw["bf16_auto_fallback"]))
 
 
 def from_json(data: Dict[str, Any]) -> Release:

@@ -143,12 +143,24 @@ def inspect_model_dir(model: str) -> Dict[str, Any]:
         raise StartupFailure("OSError", str(exc), in_engine=False) from None
 
 
-def resolve_dtype(facts: Dict[str, Any], requested: str) -> str:
-    """_get_and_verify_dtype (config.py:1407): `auto` keeps the checkpoint dtype (fp32 -> fp16)."""
+def resolve_dtype(facts: Dict[str, Any], requested: str, gpu: Optional[gpu_mod.Gpu] = None) -> str:
+    """_get_and_verify_dtype (config.py:1407): `auto` keeps the checkpoint dtype (fp32 -> fp16); where the release
+    data says `bf16_auto_fallback` (0.9 on), `auto` takes the first dtype the GPU supports instead of one it
+    does not (v0.9.2:vllm/config.py:3285-3328, platforms/cuda.py:62-72: no bfloat16 below CC 8.0)."""
+    release = current()
     config_dtype = facts.get("torch_dtype") or "float32"
     config_dtype = ARG_DTYPES.get(config_dtype, config_dtype)
     requested = requested.lower()
-    if requested == "auto":
+    if requested == "auto" and release.data.bf16_auto_fallback and gpu is not None:
+        supported = ["bfloat16", "float16", "float32"] if gpu.compute_capability[0] >= 8 else ["float16", "float32"]
+        chosen = supported[0] if config_dtype == "float32" else config_dtype
+        if chosen not in supported:
+            major, minor = gpu.compute_capability
+            vlog.warning("config.py:3320", f"Your device '{gpu.name}' (with compute capability {major}.{minor}) "
+                         f"doesn't support {TORCH_DTYPES[chosen]}. Falling back to {TORCH_DTYPES[supported[0]]} "
+                         "for compatibility.")
+            chosen = supported[0]
+    elif requested == "auto":
         if config_dtype == "float32":
             # 0.5.4 keeps Gemma-2 in bfloat16; 0.8.5.post1 takes float16 for every float32 checkpoint
             # (v0.8.5.post1:vllm/config.py:2903-2906)
@@ -158,13 +170,13 @@ def resolve_dtype(facts: Dict[str, Any], requested: str) -> str:
         chosen = ARG_DTYPES[requested]
     if chosen != config_dtype:
         if chosen == "float32":
-            vlog.info(pick("config.py:1446", "config.py:2964"),
+            vlog.info(release.source("upcasting", pick("config.py:1446", "config.py:2964")),
                       f"Upcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
         elif config_dtype == "float32":
-            vlog.info(pick("config.py:1450", "config.py:2968"),
+            vlog.info(release.source("downcasting", pick("config.py:1450", "config.py:2968")),
                       f"Downcasting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
         else:
-            vlog.warning(pick("config.py:1454", "config.py:2972"),
+            vlog.warning(release.source("casting", pick("config.py:1454", "config.py:2972")),
                          f"Casting {TORCH_DTYPES[config_dtype]} to {TORCH_DTYPES[chosen]}.")
     return chosen
 
@@ -287,7 +299,7 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
     if not release.legacy:
         # DeviceConfig comes first in 0.8.5.post1 (arg_utils.py:1098, config.py:2117-2122)
         visible, pynvml = discover_gpus(environ)
-    dtype = resolve_dtype(facts, args.dtype)
+    dtype = resolve_dtype(facts, args.dtype, visible[0] if visible else None)
     if not release.legacy:
         vlog.info("config.py:717", "This model supports multiple tasks: {'reward', 'embed', 'classify', "
                   "'generate', 'score'}. Defaulting to 'generate'.")
