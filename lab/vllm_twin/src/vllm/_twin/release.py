@@ -10,7 +10,8 @@ environment variable, no flag) changes the release.
 Two parts: `Behaviour`, one row per release, is what the data cannot say (wording, order, source locations:
 code, each switch with its upstream source); `ReleaseData` is copied from the release's entry of
 data/vllm-releases.yml when the wheel is built (metric names, KV sizing family, head sizes, quantization
-minimums), so no per-release table here repeats the data.
+minimums, swap-space limits, ...), so no per-release table here repeats the data; only the checkout's
+release has a hand-written copy (CHECKOUT_DATA), which the build checks against the data.
 """
 from __future__ import annotations
 
