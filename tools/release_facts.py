@@ -8,7 +8,15 @@
       Read the CUDA fat binaries (ELF sections .nv_fatbin / .nv.fatbin / __nv_relfatbin) of vllm, xformers and
       torch in the venv and list the sm_XX of their cubins and PTX, each entry checked by a second method.
 
-Without --write both print what they would write. With --write only the text between the release's marker
+  release_facts.py cli|kernels ... --python VENV_PYTHON --record DIR
+      Also keep what the block is made of (the raw per-variant parser dumps / the per-file fatbin scans, and a
+      manifest naming the wheel, the tool's commit and the command) in DIR, e.g. tests/data/release-inputs/vllm-V/.
+  release_facts.py cli|kernels --from-recorded DIR --release V [--write]
+      Make the block from those recordings, without a venv or the network: the same merge and render code.
+  release_facts.py check
+      Make every recorded release's blocks again and compare them with the committed text between the markers.
+
+Without --write cli and kernels print what they would write. With --write only the text between the release's marker
 lines is replaced (other parts of the file are edited by hand), after the whole new file passed the loader
 (module_utils/revive_releases.py). This file also runs under the venv's interpreter (Python >= 3.9, stdlib only)
 as `release_facts.py _dump-cli OUT.json`; keep it free of newer syntax and third-party imports at top level.
@@ -17,10 +25,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
+import difflib
 import enum
+import gzip
+import hashlib
 import json
 import os
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -551,39 +564,221 @@ def merge_variants(variants: List[Tuple[Dict[str, str], Dict[str, Any]]]) -> Lis
     return merged
 
 
-def cmd_cli(args: argparse.Namespace) -> int:
-    variants = dump_variants(args.python, args.hash_seeds)
+def collect_cli_inputs(python: str, release: str, seeds: int, lock_arg: Optional[str],
+                       index_url: str) -> Dict[str, Any]:
+    """What the CLI table is made of, read from a venv: the raw dump of every variant and the wheel's name."""
+    variants = dump_variants(python, seeds)
     facts = variants[0][1]
-    if facts["vllm"] != args.release:
-        raise FactsError(f"{args.python} has vllm {facts['vllm']}, not {args.release}; pass that release's venv")
-    lock = Path(args.lock) if args.lock else REPO / "data" / "locks" / f"vllm-{args.release}-py{facts['python']}.txt"
-    source, how = generated_from(site_packages(args.python), args.release, lock if lock.exists() else None,
-                                 args.index_url)
+    if facts["vllm"] != release:
+        raise FactsError(f"{python} has vllm {facts['vllm']}, not {release}; pass that release's venv")
+    lock = Path(lock_arg) if lock_arg else REPO / "data" / "locks" / f"vllm-{release}-py{facts['python']}.txt"
+    source, how = generated_from(site_packages(python), release, lock if lock.exists() else None, index_url)
+    return {"format": RECORDING_FORMAT, "release": release, "hash_seeds": seeds,
+            "generated_from": {"source": source, "how": how},
+            "variants": [{"env": env, "dump": dump} for env, dump in variants]}
+
+
+@dataclass
+class Rendered:
+    block: str                               # the text between the marker lines
+    report: List[str]                        # what the tool prints about it
+    check: Callable[[Any], None]             # run on the loaded file before --write replaces it
+    failed: bool = False                     # the inputs contradict each other: print the report, write nothing
+
+
+def render_cli(inputs: Dict[str, Any]) -> Rendered:
+    """The `cli:` block from the CLI inputs (live or recorded: the same code path)."""
+    release, seeds = inputs["release"], inputs["hash_seeds"]
+    variants = [(v["env"], v["dump"]) for v in inputs["variants"]]
+    facts = variants[0][1]
+    if any(dump["vllm"] != release for _, dump in variants):
+        raise FactsError(f"the dumps are of vllm {sorted({d['vllm'] for _, d in variants})}, not {release}")
+    source, how = inputs["generated_from"]["source"], inputs["generated_from"]["how"]
     rows = merge_variants(variants)
-    summary = (f"{len(rows)} actions of make_arg_parser(FlexibleArgumentParser()) plus -h, vLLM {args.release} on "
-               f"Python {facts['python']}; built {len(variants)} times (PYTHONHASHSEED 0-{args.hash_seeds - 1}, "
+    summary = (f"{len(rows)} actions of make_arg_parser(FlexibleArgumentParser()) plus -h, vLLM {release} on "
+               f"Python {facts['python']}; built {len(variants)} times (PYTHONHASHSEED 0-{seeds - 1}, "
                "VLLM_USE_V1 unset and 0)")
     if any(facts_.get("platform_stand_in") for _, facts_ in variants):
         summary += f"; {STAND_IN_NOTE}"
-    block = cli_block(rows, source, summary)
-    approximated = [r for r in rows if "parser_type" in r]
-    print(f"vllm {facts['vllm']} (Python {facts['python']}): {len(rows)} actions; generated_from: {source} ({how})")
+    report = [f"vllm {facts['vllm']} (Python {facts['python']}): {len(rows)} actions; generated_from: {source} ({how})"]
     for row in rows:
         if "choices_unstable" in row:
-            print(f"  unstable choices: {row['flags'][0]} accepts {row['choices_unstable']} only in some processes "
-                  "(PYTHONHASHSEED); the table keeps the choices every process accepts")
+            report.append(f"  unstable choices: {row['flags'][0]} accepts {row['choices_unstable']} only in some "
+                          "processes (PYTHONHASHSEED); the table keeps the choices every process accepts")
         if V0_ENV_DEFAULT_KEY in row:
-            print(f"  env-dependent default: {row['flags'][0]} is {row['default']!r}, {row[V0_ENV_DEFAULT_KEY]!r} "
-                  "under VLLM_USE_V1=0")
-    for row in approximated:
-        print(f"  approximated type: {row['flags'][0]} {row['parser_type']} -> {row['type']}: "
-              f"{TYPE_MAP[row['parser_type']].accepts}")
+            report.append(f"  env-dependent default: {row['flags'][0]} is {row['default']!r}, "
+                          f"{row[V0_ENV_DEFAULT_KEY]!r} under VLLM_USE_V1=0")
+    for row in (r for r in rows if "parser_type" in r):
+        report.append(f"  approximated type: {row['flags'][0]} {row['parser_type']} -> {row['type']}: "
+                      f"{TYPE_MAP[row['parser_type']].accepts}")
+    return Rendered(cli_block(rows, source, summary), report, check_cli_loaded(release, rows))
+
+
+def cmd_cli(args: argparse.Namespace) -> int:
+    if args.from_recorded:
+        inputs = read_recorded(Path(args.from_recorded), "cli", args.release)
+    else:
+        inputs = same_as_recorded(collect_cli_inputs(args.python, args.release, args.hash_seeds, args.lock,
+                                                     args.index_url))
+        if args.record:
+            record_inputs(Path(args.record), "cli", inputs, args)
+    return emit(args, render_cli(inputs), CLI_BEGIN, CLI_END, "cli")
+
+
+def emit(args: argparse.Namespace, rendered: Rendered, begin: str, end: str, kind: str) -> int:
+    """Print the report; then the block, or (--write) put it between the release's marker lines."""
+    for line in rendered.report:
+        print(line)
+    if rendered.failed:
+        raise FactsError("the fatbin headers, their contents or torch's arch list disagree (above); not trusting "
+                         "this scan")
     if not args.write:
-        sys.stdout.write(block)
+        sys.stdout.write(rendered.block)
         return 0
-    write_block(args.release, CLI_BEGIN, CLI_END, block, check_cli_loaded(args.release, rows))
-    print(f"wrote releases.{args.release}.cli ({len(rows)} arguments) into {RELEASES_FILE}")
+    text = RELEASES_FILE.read_text(encoding="utf-8")
+    start, stop = release_span(text, args.release)
+    if begin not in text[start:stop]:
+        print(f"releases.{args.release} has no marker lines; not written. Add this to the entry:\n"
+              f"{begin}\n{rendered.block}{end}")
+        return 1
+    write_block(args.release, begin, end, rendered.block, rendered.check)
+    print(f"wrote releases.{args.release}.{kind} into {RELEASES_FILE}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recorded inputs: what a block is made of, kept so that it can be made again without a venv
+# ---------------------------------------------------------------------------------------------------------
+
+RECORDING_FORMAT = 1
+RECORDED_FILES = {"cli": "cli-dumps.json.gz", "kernels": "kernels.json.gz"}
+MANIFEST = "manifest.json"
+RECORDED_ROOT = REPO / "tests" / "data" / "release-inputs"
+MARKERS = {"cli": (CLI_BEGIN, CLI_END), "kernels": (KERNELS_BEGIN, KERNELS_END)}
+
+
+def same_as_recorded(inputs: Dict[str, Any]) -> Dict[str, Any]:
+    """The inputs as a recording gives them back (JSON: int keys become strings, tuples lists), so that live
+    and recorded generation run on equal values."""
+    return json.loads(json.dumps(inputs))
+
+
+def gzip_json(data: Any) -> bytes:
+    """Deterministic .json.gz bytes: no file name or time stamp in the gzip header."""
+    raw = (json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    return gzip.compress(raw, compresslevel=9, mtime=0)
+
+
+def read_recorded(directory: Path, kind: str, release: Optional[str] = None) -> Dict[str, Any]:
+    path = directory / RECORDED_FILES[kind]
+    if not path.is_file():
+        raise FactsError(f"{path}: no recorded {kind} inputs (record them with `{kind} --python VENV --record "
+                         f"{directory}`)")
+    inputs = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+    if inputs.get("format") != RECORDING_FORMAT:
+        raise FactsError(f"{path}: recording format {inputs.get('format')}, this tool reads {RECORDING_FORMAT}")
+    if release is not None and inputs["release"] != release:
+        raise FactsError(f"{path}: recorded for vllm {inputs['release']}, not {release}")
+    return inputs
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def locked_wheel(lock: Path, release: str, index_url: str) -> Dict[str, str]:
+    """{file, sha256} of the one vllm wheel among the lock's hashes (what a --require-hashes install used)."""
+    hashes = set(lock_hashes(lock, "vllm", release))
+    wheels = {h: n for h, n in index_wheels("vllm", release, index_url).items() if h in hashes}
+    if len(wheels) != 1:
+        raise FactsError(f"{lock}: {len(wheels)} of its vllm hashes are wheels on {index_url}, expected one")
+    digest, name = next(iter(wheels.items()))
+    return {"file": name, "sha256": digest}
+
+
+def record_inputs(directory: Path, kind: str, inputs: Dict[str, Any], args: argparse.Namespace) -> None:
+    """Write the inputs (`cli-dumps.json.gz` / `kernels.json.gz`) and update `manifest.json`: the wheel, the lock,
+    the tool's commit and the command that recorded them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = gzip_json(inputs)
+    (directory / RECORDED_FILES[kind]).write_bytes(data)
+    python = (inputs["variants"][0]["dump"]["python"] if kind == "cli" else
+              _run_venv(args.python, ["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).strip())
+    lock = REPO / "data" / "locks" / f"vllm-{args.release}-py{python}.txt"
+    if kind == "cli" and args.lock:
+        lock = Path(args.lock).resolve()
+    manifest_path = directory / MANIFEST
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
+    if manifest.get("release", args.release) != args.release:
+        raise FactsError(f"{manifest_path} is of vllm {manifest['release']}, not {args.release}")
+    tool = Path(__file__).resolve()
+    manifest.update({
+        "release": args.release, "python": python,
+        "lock": {"path": os.path.relpath(lock, REPO), "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()},
+        "wheel": locked_wheel(lock, args.release, getattr(args, "index_url", DEFAULT_INDEX)),
+    })
+    manifest.setdefault("recorded", {})[kind] = {
+        "file": RECORDED_FILES[kind], "sha256": hashlib.sha256(data).hexdigest(),
+        "command": " ".join(shlex.quote(a) for a in ["tools/release_facts.py", *sys.argv[1:]]),
+        "tool": {"commit": _git("rev-parse", "HEAD"),
+                 "modified_since_commit": bool(_git("status", "--porcelain", "--", str(tool))),
+                 "release_facts_py_sha256": hashlib.sha256(tool.read_bytes()).hexdigest()},
+        "recorded_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=2) + "\n", encoding="utf-8")
+    print(f"recorded the {kind} inputs in {directory / RECORDED_FILES[kind]} ({len(data)} bytes) and {manifest_path}")
+
+
+def committed_block(text: str, release: str, kind: str) -> str:
+    """The text between the release's `kind` marker lines in the release file's text."""
+    begin, end = MARKERS[kind]
+    start, stop = release_span(text, release)
+    lines = text[start:stop].splitlines(keepends=True)
+    marks = [n for n, line in enumerate(lines) if line.rstrip("\n") in (begin, end)]
+    if len(marks) != 2:
+        raise FactsError(f"releases.{release} needs exactly one pair of {kind} marker lines (found {len(marks)})")
+    return "".join(lines[marks[0] + 1:marks[1]])
+
+
+RENDERERS: Dict[str, Callable[[Dict[str, Any]], "Rendered"]] = {}
+
+
+def check_recorded(text: str, root: Path = RECORDED_ROOT) -> Tuple[List[str], List[str]]:
+    """(checked, problems): every recorded release's blocks made again from its recordings and compared with the
+    committed text between the markers. A problem names the release, the block and the first differing lines."""
+    checked, problems = [], []
+    for directory in sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()):
+        release = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["release"]
+        for kind in RECORDED_FILES:
+            if not (directory / RECORDED_FILES[kind]).is_file():
+                continue
+            rendered = RENDERERS[kind](read_recorded(directory, kind, release))
+            committed = committed_block(text, release, kind)
+            checked.append(f"{release} {kind}")
+            if rendered.failed:
+                problems.append(f"releases.{release}.{kind}: the recorded inputs fail the tool's checks")
+            elif rendered.block != committed:
+                diff = list(difflib.unified_diff(committed.splitlines(), rendered.block.splitlines(),
+                                                 "committed", f"from {directory.name}", n=0, lineterm=""))
+                problems.append(f"releases.{release}.{kind} is not what the tool makes of "
+                                f"{os.path.relpath(directory, REPO)} (regenerate with `{kind} --from-recorded "
+                                f"{os.path.relpath(directory, REPO)} --release {release} --write`):\n"
+                                + "\n".join(diff[:12]))
+    return checked, problems
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    checked, problems = check_recorded(RELEASES_FILE.read_text(encoding="utf-8"), Path(args.recorded_root))
+    for item in checked:
+        print(f"checked {item}")
+    for problem in problems:
+        print(problem)
+    print(f"{len(checked)} blocks made again from recordings, {len(problems)} differ from {RELEASES_FILE.name}")
+    return 1 if problems or not checked else 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -744,31 +939,50 @@ DEPENDENCIES = (
 )
 
 
-def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
+def scan_dependency_files(site: Path, dep: Dependency) -> Dict[str, Any]:
+    """The raw per-file results of one distribution's .so files (what `--record` keeps): each file's fatbin
+    archs, entries, verifications and mismatches, or null for a file without a fatbin section."""
     root = site / dep.folder
     dist = dist_info(site, dep.distribution)
     version = dist.name[len(dep.distribution) + 1:-len(".dist-info")]
     files = sorted(p for p in root.glob(dep.pattern) if p.is_file())
     if not files:
         raise FactsError(f"{root}: no {dep.pattern} files; is {dep.distribution} installed in this venv?")
-    total = FatbinScan()
-    per_file: Dict[str, Dict[str, List[int]]] = {}
+    scanned = []
     for path in files:
         scan = scan_file(path)
+        scanned.append({"path": str(path.relative_to(site)), "fatbin": None if scan is None else {
+            "cubin": sorted(scan.cubin_archs), "ptx": sorted(scan.ptx_archs), "containers": scan.containers,
+            "containers_with": sorted(scan.containers_with.items()), "entries": scan.entries,
+            "verified": scan.verified, "mismatches": scan.mismatches}})
+    return {"distribution": dep.distribution, "version": version, "folder": dep.folder, "pattern": dep.pattern,
+            "files": scanned}
+
+
+def combine_dependency(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """One distribution's result from its per-file results: the union of the archs and each file's own."""
+    total = FatbinScan()
+    per_file: Dict[str, Dict[str, Any]] = {}
+    for item in raw["files"]:
+        scan = item["fatbin"]
         if scan is None:
             continue
-        per_file[str(path.relative_to(site))] = {
-            "cubin": sorted(scan.cubin_archs), "ptx": sorted(scan.ptx_archs), "containers": scan.containers,
-            "containers_with": dict(sorted(scan.containers_with.items()))}
-        total.cubin_archs |= scan.cubin_archs
-        total.ptx_archs |= scan.ptx_archs
-        total.entries += scan.entries
-        total.verified += scan.verified
-        total.mismatches += scan.mismatches
-    return {"distribution": dep.distribution, "version": version, "files_scanned": len(files),
+        per_file[item["path"]] = {"cubin": list(scan["cubin"]), "ptx": list(scan["ptx"]),
+                                  "containers": scan["containers"],
+                                  "containers_with": {int(sm): n for sm, n in sorted(scan["containers_with"])}}
+        total.cubin_archs |= set(scan["cubin"])
+        total.ptx_archs |= set(scan["ptx"])
+        total.entries += scan["entries"]
+        total.verified += scan["verified"]
+        total.mismatches += scan["mismatches"]
+    return {"distribution": raw["distribution"], "version": raw["version"], "files_scanned": len(raw["files"]),
             "files_with_fatbin": per_file, "cubin_archs": sorted(total.cubin_archs),
             "ptx_archs": sorted(total.ptx_archs), "entries": total.entries, "verified": total.verified,
             "mismatches": total.mismatches}
+
+
+def scan_dependency(site: Path, dep: Dependency) -> Dict[str, Any]:
+    return combine_dependency(same_as_recorded(scan_dependency_files(site, dep)))
 
 
 def kernels_block(results: List[Dict[str, Any]], release: str) -> str:
@@ -831,44 +1045,52 @@ def compare_torch_arch_list(flags: Sequence[str], torch_result: Dict[str, Any]) 
     return False, "matches the cubins found"
 
 
-def cmd_kernels(args: argparse.Namespace) -> int:
-    site = site_packages(args.python)
+def collect_kernels_inputs(python: str, release: str) -> Dict[str, Any]:
+    """What the kernels block is made of, read from a venv: every scanned file's raw result and torch's list."""
+    site = site_packages(python)
     vllm_version = dist_info(site, "vllm").name[len("vllm-"):-len(".dist-info")]
-    if vllm_version != args.release:
-        raise FactsError(f"{args.python} has vllm {vllm_version}, not {args.release}; pass that release's venv")
-    results = [scan_dependency(site, dep) for dep in DEPENDENCIES]
+    if vllm_version != release:
+        raise FactsError(f"{python} has vllm {vllm_version}, not {release}; pass that release's venv")
     # a third opinion for torch: the arch list it was compiled with (readable without a GPU)
-    flags = _run_venv(args.python, ["-c", "import torch; print(torch._C._cuda_getArchFlags())"]).split()
+    flags = _run_venv(python, ["-c", "import torch; print(torch._C._cuda_getArchFlags())"]).split()
+    return {"format": RECORDING_FORMAT, "release": release, "torch_arch_flags": flags,
+            "distributions": [scan_dependency_files(site, dep) for dep in DEPENDENCIES]}
+
+
+def render_kernels(inputs: Dict[str, Any]) -> Rendered:
+    """The `kernels:` block from the scan's inputs (live or recorded: the same code path)."""
+    release, flags = inputs["release"], inputs["torch_arch_flags"]
+    results = [combine_dependency(raw) for raw in inputs["distributions"]]
+    vllm = next(r for r in results if r["distribution"] == "vllm")
+    if vllm["version"] != release:
+        raise FactsError(f"the scan is of vllm {vllm['version']}, not {release}")
     torch_result = next(r for r in results if r["distribution"] == "torch")
     failed, verdict = compare_torch_arch_list(flags, torch_result)
-    print(f"torch._C._cuda_getArchFlags(): {' '.join(flags)} ({verdict})")
+    report = [f"torch._C._cuda_getArchFlags(): {' '.join(flags)} ({verdict})"]
     for result in results:
-        print(json.dumps({k: result[k] for k in ("distribution", "version", "files_scanned", "cubin_archs",
-                                                  "ptx_archs")}))
-        print(f"  {result['verified']} of {result['entries']} entries confirmed by their content, "
-              f"{len(result['mismatches'])} contradicted")
+        report.append(json.dumps({k: result[k] for k in ("distribution", "version", "files_scanned", "cubin_archs",
+                                                         "ptx_archs")}))
+        report.append(f"  {result['verified']} of {result['entries']} entries confirmed by their content, "
+                      f"{len(result['mismatches'])} contradicted")
         for name, archs in result["files_with_fatbin"].items():
-            print(f"  {name}: cubin {archs['cubin']} ptx {archs['ptx']}; of {archs['containers']} containers, "
-                  f"per sm: {archs['containers_with']}")
-        for line in result["mismatches"][:20]:
-            print(f"  MISMATCH {line}")
+            report.append(f"  {name}: cubin {archs['cubin']} ptx {archs['ptx']}; of {archs['containers']} "
+                          f"containers, per sm: {archs['containers_with']}")
+        report.extend(f"  MISMATCH {line}" for line in result["mismatches"][:20])
         failed = failed or bool(result["mismatches"])
-    if failed:
-        raise FactsError("the fatbin headers, their contents or torch's arch list disagree (above); not trusting "
-                         "this scan")
-    block = kernels_block(results, args.release)
-    if not args.write:
-        sys.stdout.write(block)
-        return 0
-    text = RELEASES_FILE.read_text(encoding="utf-8")
-    start, stop = release_span(text, args.release)
-    if KERNELS_BEGIN not in text[start:stop]:
-        print(f"releases.{args.release} has no marker lines; not written. Add this to the entry:\n"
-              f"{KERNELS_BEGIN}\n{block}{KERNELS_END}")
-        return 1
-    write_block(args.release, KERNELS_BEGIN, KERNELS_END, block, check_kernels_loaded(args.release, results))
-    print(f"wrote releases.{args.release}.kernels into {RELEASES_FILE}")
-    return 0
+    return Rendered(kernels_block(results, release), report, check_kernels_loaded(release, results), failed)
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    if args.from_recorded:
+        inputs = read_recorded(Path(args.from_recorded), "kernels", args.release)
+    else:
+        inputs = same_as_recorded(collect_kernels_inputs(args.python, args.release))
+        if args.record:
+            record_inputs(Path(args.record), "kernels", inputs, args)
+    return emit(args, render_kernels(inputs), KERNELS_BEGIN, KERNELS_END, "kernels")
+
+
+RENDERERS.update(cli=render_cli, kernels=render_kernels)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -878,22 +1100,31 @@ def main(argv: Sequence[str]) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (("cli", "the server's argparse table"), ("kernels", "the sm_XX of the compiled code")):
         sub = commands.add_parser(name, help=helptext)
-        sub.add_argument("--python", required=True, help="bin/python of a venv with the release installed")
+        source = sub.add_mutually_exclusive_group(required=True)
+        source.add_argument("--python", help="bin/python of a venv with the release installed")
+        source.add_argument("--from-recorded", metavar="DIR",
+                            help="make the block from inputs recorded with --record (no venv, no network)")
         sub.add_argument("--release", required=True, help="the release's key in data/vllm-releases.yml")
         sub.add_argument("--write", action="store_true", help="replace the marked block in data/vllm-releases.yml")
+        sub.add_argument("--record", metavar="DIR", help=f"also keep the inputs read from the venv in "
+                                                         f"DIR/{RECORDED_FILES[name]} and DIR/{MANIFEST}")
         if name == "cli":
             sub.add_argument("--lock", help="the lock the venv was installed from (default: "
                                             "data/locks/vllm-<release>-py<X.Y>.txt if present)")
-            sub.add_argument("--index-url", default=DEFAULT_INDEX, help="PEP 691 index to name the lock's wheel")
             sub.add_argument("--hash-seeds", type=int, default=6,
                              help="build the parser under PYTHONHASHSEED 0..N-1 (each with and without VLLM_USE_V1=0)")
+        sub.add_argument("--index-url", default=DEFAULT_INDEX, help="PEP 691 index to name the lock's wheel")
+    check = commands.add_parser("check", help="make every recorded release's blocks again and compare them with "
+                                              "data/vllm-releases.yml")
+    check.add_argument("--recorded-root", default=str(RECORDED_ROOT), help="directory of vllm-<release>/ recordings")
     args = parser.parse_args(argv)
+    if getattr(args, "record", None) and args.from_recorded:
+        parser.error("--record reads a venv: use it with --python, not --from-recorded")
     try:
-        return cmd_cli(args) if args.command == "cli" else cmd_kernels(args)
+        return {"cli": cmd_cli, "kernels": cmd_kernels, "check": cmd_check}[args.command](args)
     except FactsError as exc:
         print(f"release_facts.py {args.command}: {exc}", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
