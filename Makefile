@@ -7,8 +7,8 @@ VENV := .venv
 STAMP := $(VENV)/.stamp
 ACT := source $(VENV)/bin/activate &&
 
-.PHONY: help venv fakenvml unit lint molecule test demo bench bench-guidellm guidellm-venv check-runtime lab-up \
-	lab-down clean
+.PHONY: help venv fakenvml unit lint molecule test demo bench bench-guidellm guidellm-venv check-runtime check-locks \
+	lab-up lab-down clean
 
 help:
 	@echo "make demo   bring the lab up and run site.yml against it"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench  long benchmarks (prints numbers; one brings up a lab and syncs a 40 GB sparse model)"
 	@echo "make bench-guidellm  GuideLLM against revive bench on one twin (part of make bench; ~5.6 GB venv)"
 	@echo "make check-runtime  install the locked vLLM releases into fresh venvs (~7.6 GB per Python) and run them"
+	@echo "make check-locks  regenerate every data/locks/ lock against PyPI into a temp dir and diff it (network)"
 
 $(STAMP): requirements.txt bin/find-python
 	@py=$$(bin/find-python) || exit 1; \
@@ -86,6 +87,10 @@ bench: venv fakenvml guidellm-venv
 # Not part of `make test`: downloads the real wheels (tools/README.md). CHECK_RUNTIME_ARGS="--fresh" rebuilds.
 check-runtime: venv
 	$(ACT) python tools/check_runtime.py $(CHECK_RUNTIME_ARGS)
+
+# Not part of `make test`: talks to PyPI (a lock's inputs are its header and the index; tools/README.md).
+check-locks: venv
+	$(ACT) python tools/check_locks.py $(CHECK_LOCKS_ARGS)
 
 lab-up: venv fakenvml
 	$(ACT) bin/lab up
