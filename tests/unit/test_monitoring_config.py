@@ -278,3 +278,68 @@ def test_promtool_accepts_the_config_with_the_rules_directory(tmp_path, release_
     # And it can fail: a broken rule file named by rule_files fails the same check.
     (rules / "broken.yml").write_text("groups:\n- name: t\n  rules:\n  - alert: X\n    expr: up{\n")
     assert subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, timeout=60).returncode != 0
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus (Debian package prometheus) is not installed")
+def test_real_prometheus_scrapes_a_replica_with_the_generated_labels(tmp_path, release_data):
+    # A replica's /metrics as 0.5.4 exposes a gauge, served on loopback; Prometheus 2.42 scrapes it through the
+    # generated configuration and the series carries the target's labels.
+    import http.server
+    import socket
+    import threading
+    import time
+    import urllib.parse
+    import urllib.request
+
+    body = b'vllm:num_requests_running{model_name="m"} 3.0\n'
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port, web = server.server_address[1], free_port()
+    record = release(replicas=[replica("vllm-0", port)])
+    settings = Settings("nvitop", 9835, scrape_interval="1s", scrape_timeout="1s", rule_files=(),
+                        prometheus_address=f"127.0.0.1:{web}")
+    text = fleet_config_text(["node1"], {"node1": record}, {"node1": "127.0.0.1"}, [], settings, release_data)[0]
+    (tmp_path / "prometheus.yml").write_text(text)
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--web.listen-address=127.0.0.1:{web}", f"--storage.tsdb.path={tmp_path / 'data'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        query = urllib.parse.urlencode({"query": "vllm:num_requests_running"})
+        deadline, found = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not found:
+            time.sleep(1)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query?{query}", timeout=5) as answer:
+                    found = json.load(answer)["data"]["result"]
+            except OSError:
+                continue
+        assert found, "Prometheus scraped no vllm:num_requests_running in 60 s"
+        labels = found[0]["metric"]
+        assert {key: labels.get(key) for key in ("job", "node", "replica", "release", "vllm_version", "vllm_metrics",
+                                                 "instance")} == {
+            "job": "vllm", "node": "node1", "replica": "vllm-0", "release": "3f9a1c2e0b7d", "vllm_version": "0.5.4",
+            "vllm_metrics": "exported", "instance": f"127.0.0.1:{port}"}
+        assert found[0]["value"][1] == "3"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        server.shutdown()
