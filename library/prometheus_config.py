@@ -268,6 +268,9 @@ def main() -> None:
         else:
             validate(module, p["validate"], text, dest)
     if changed and not module.check_mode:
+        if not os.path.isdir(os.path.dirname(dest) or "."):
+            module.fail_json(msg=f"{os.path.dirname(dest)} does not exist: install Prometheus first (the role's "
+                                 "install phase) or point dest at an existing directory")
         handle, staged = tempfile.mkstemp(prefix=".prometheus-config-", dir=os.path.dirname(dest) or ".")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)

@@ -267,6 +267,9 @@ def test_a_refusal_names_the_node_and_writes_nothing(repo, tmp_path, module_vars
     assert not Path(module_vars["dest"]).exists()
     code, results = play(repo, tmp_path, MODULE_TASK, extra=dict(module_vars, records={}), role_vars=False)
     assert code != 0 and "node1 has no current release in its record" in results["Write"]["msg"]
+    nowhere = str(tmp_path / "no-prometheus" / "prometheus.yml")
+    code, results = play(repo, tmp_path, MODULE_TASK, extra=dict(module_vars, dest=nowhere), role_vars=False)
+    assert code != 0 and "no-prometheus does not exist: install Prometheus first" in results["Write"]["msg"]
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed")
