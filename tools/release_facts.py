@@ -110,6 +110,11 @@ TYPE_MAP: Dict[str, TypeMapping] = {
     "parse_dataclass(vllm.config.CompilationConfig)": TypeMapping(
         "json", False, "a JSON object of CompilationConfig fields (from_cli: pydantic validate_json); -O3 / -O 3 "
         "are rewritten to -O.level first by FlexibleArgumentParser (the table takes any JSON, and not -O3)"),
+    # 0.10.x: CompilationConfig moved to vllm/config/compilation.py; parse_dataclass unchanged
+    # (v0.10.1.1:vllm/engine/arg_utils.py:186-193)
+    "parse_dataclass(vllm.config.compilation.CompilationConfig)": TypeMapping(
+        "json", False, "a JSON object of CompilationConfig fields (pydantic validate_json); -O3 / -O 3 are "
+        "rewritten to -O.level first by FlexibleArgumentParser (the table takes any JSON, and not -O3)"),
     "optional_type(parse_dataclass(vllm.config.KVTransferConfig))": TypeMapping(
         "json", False, "'' / 'None' (None), or a JSON object of KVTransferConfig fields (the table takes any JSON)"),
     "optional_type(parse_dataclass(vllm.config.KVEventsConfig))": TypeMapping(
@@ -203,6 +208,8 @@ def dump_actions(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
         if isinstance(action, argparse._HelpAction):
             continue
         flags = list(action.option_strings)
+        if not flags and action.nargs == "?" and action.dest == "model_tag":
+            continue  # 0.10.x: optional positional model tag (cli_args.py make_arg_parser); the planner passes --model
         if not flags:
             raise FactsError(f"positional argument {action.dest!r}: the table holds options only")
         name = ACTION_NAMES.get(type(action).__name__, type(action).__name__)

@@ -43,7 +43,7 @@ def read_lock(path: Path) -> Lock:
 def test_there_are_release_locks():
     assert {p.name for p in RELEASE_LOCKS} >= {f"vllm-{version}-py{python}.txt" for python in ("3.10", "3.11")
                                                for version in ("0.5.4", "0.6.6.post1", "0.7.3", "0.8.5.post1",
-                                                               "0.9.2")}
+                                                               "0.9.2", "0.10.1.1")}
 
 
 @pytest.mark.parametrize("path", LOCK_FILES, ids=lambda p: p.name)

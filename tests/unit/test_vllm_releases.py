@@ -72,11 +72,23 @@ def test_underscore_flags_and_multi_value_flags_parse(data):
 
 
 def test_incomplete_table_refuses_unverified_flags(data):
-    release = data.release("0.10.1.1")
+    release = data.release("0.20.0")
     assert release.validate_argv(["--max-model-len", "8k", "--no-enforce-eager"]) == []
     assert release.validate_argv(["--disable-log-stats"]) == [
-        "flag --disable-log-stats is not in the verified argument table of vLLM 0.10.1.1; verify it against "
+        "flag --disable-log-stats is not in the verified argument table of vLLM 0.20.0; verify it against "
         "that release before emitting it"]
+
+
+def test_0_10_1_1_is_generated_and_refused_on_volta_for_xformers(data):
+    """The wheel's own parser (171 actions) and the kernels scan: xformers 0.0.31 has no sm_70 code, sm_75 it has."""
+    release = data.release("0.10.1.1")
+    assert release.get("cli")["complete"] is True and len(release.arguments) == 171
+    assert release.validate_argv(["--disable-log-stats", "--enable-log-requests"]) == []
+    assert release.kernel_gaps((7, 0)) == ["xformers 0.0.31 (cubins sm_75, sm_80, sm_90)"]
+    assert release.kernel_gaps((7, 5)) == [] and release.kernel_gaps((8, 0)) == []
+    assert data.volta_status("0.10.1.1", (7, 0))["status"] == "refused"
+    assert release.get("request_logging_default") is False
+    assert "vllm:kv_cache_usage_perc" in release.metrics and "vllm:prefix_cache_hits_total" in release.metrics
 
 
 def test_swap_space_is_gone_in_020(data):
