@@ -172,6 +172,7 @@ DIFFERENCES = {
     ("0.8.5.post1", "a100-sxm4-8x"): (None, True, False, None),  # V1: no CPU swap
     ("0.9.2", "dgx1-v100"): ("0", True, False, "int"),
     ("0.9.2", "a100-sxm4-8x"): (None, True, False, None),
+    ("0.10.1.1", "a100-sxm4-8x"): (None, False, False, None),   # requests are not logged by default from 0.10.1
 }
 
 
@@ -198,3 +199,41 @@ def test_the_plan_carries_each_releases_differences(version, profile):
             assert "--swap-space" not in args
         else:
             assert args[args.index("--swap-space") + 1].isdigit()
+
+
+@pytest.mark.parametrize("profile", ["v100-pcie-8x", "dgx1-v100"])
+def test_0_10_1_1_is_refused_on_volta_for_xformers_0_0_31(profile):
+    """Its generated kernels scan: xformers 0.0.31 has no sm_70 cubins; the refusal names the release and why."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.gpus import lab_facts, lab_ram_bytes  # type: ignore[import-not-found]
+    from fixtures.models import model_config  # type: ignore[import-not-found]
+    from ansible.module_utils.revive_model import model_from_config
+    from ansible.module_utils.revive_plan import Overrides, PackageSource, PlanRefusal, Serve, Workload, plan_release
+
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    model = model_from_config(model_config("internlm2-chat-20b", dtype="F16"), "/data/models/chat-20b")
+    with pytest.raises(PlanRefusal) as refusal:
+        plan_release(lab_facts(profile), model, data, Workload(), Overrides(vllm_version="0.10.1.1"), Serve(),
+                     lab_ram_bytes(profile), PackageSource("index", "https://pypi.org/simple"))
+    assert "vLLM 0.10.1.1" in refusal.value.reason and "0.0.31" in refusal.value.reason
+    assert refusal.value.source.startswith(RELEASE_RULES)
+
+
+def test_0_10_1_1_plans_v1_on_a100_with_flags_of_its_generated_table():
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.gpus import lab_facts, lab_ram_bytes  # type: ignore[import-not-found]
+    from fixtures.models import model_config  # type: ignore[import-not-found]
+    from ansible.module_utils.revive_model import model_from_config
+    from ansible.module_utils.revive_plan import Overrides, PackageSource, Serve, Workload, plan_release
+
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    release = data.release("0.10.1.1")
+    assert release.get("cli")["complete"] is True
+    model = model_from_config(model_config("internlm2-chat-20b", dtype="BF16"), "/data/models/chat-20b")
+    result = plan_release(lab_facts("a100-sxm4-8x"), model, data, Workload(), Overrides(vllm_version="0.10.1.1"),
+                          Serve(), lab_ram_bytes("a100-sxm4-8x"), PackageSource("index", "https://pypi.org/simple"))
+    assert result["vllm_version"] == "0.10.1.1" and result["replicas"]
+    for replica in result["replicas"]:
+        assert release.validate_argv(replica["args"]) == [], replica["args"]
+        assert "--disable-log-requests" not in replica["args"]   # deprecated no-op in 0.10.1.1's table
+        assert "VLLM_USE_V1" not in replica["env"]
