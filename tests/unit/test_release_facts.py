@@ -282,6 +282,29 @@ def test_dump_types_a_value_parsing_action_and_the_07_kvs_type(facts):
     assert rows["--limit-mm-per-prompt"]["parser_type"] == "vllm.engine.arg_utils.nullable_kvs"
 
 
+class CompilationConfig:
+    """Placed like 0.10.x's vllm.config.compilation.CompilationConfig (v0.10.1.1:vllm/config/compilation.py:117)."""
+
+
+CompilationConfig.__module__ = "vllm.config.compilation"
+
+
+def test_dump_maps_the_0_10_compilation_config_and_skips_the_optional_model_tag(facts):
+    """0.10.1.1's parser: -O's dataclass moved module, and make_arg_parser adds a positional `model_tag` with
+    nargs '?' (v0.10.1.1:vllm/entrypoints/openai/cli_args.py:236-240), which the options-only table leaves out."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_tag", type=str, nargs="?")
+    parser.add_argument("--compilation-config", "-O", type=_compute_kwargs(CompilationConfig), default={})
+    rows = facts.dump_actions(parser)
+    assert [row["flags"] for row in rows] == [["--compilation-config", "-O"]]
+    assert rows[0]["type"] == "json"
+    assert rows[0]["parser_type"] == "parse_dataclass(vllm.config.compilation.CompilationConfig)"
+    other = argparse.ArgumentParser()
+    other.add_argument("model")
+    with pytest.raises(facts.FactsError, match="positional argument 'model': the table holds options only"):
+        facts.dump_actions(other)
+
+
 def test_a_dataclass_the_map_does_not_know_stops_the_dump_with_its_name(facts):
     class SpeculativeConfig:
         pass
