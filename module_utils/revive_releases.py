@@ -488,9 +488,12 @@ def load_release_file(path: str) -> ReleaseData:
     """Read and validate the release file on the controller (PyYAML)."""
     import yaml  # controller-side only; modules get the parsed dict as a parameter
 
+    # libyaml's parser when PyYAML has it (~8x faster on this file), else the pure-Python one: both build the
+    # data with the same SafeConstructor, so the result is the same
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+            data = yaml.load(handle, Loader=loader)  # noqa: S506 - a safe loader
     except OSError as exc:
         raise ReleaseDataError(f"{path}: cannot read the release data ({exc.strerror})") from exc
     except yaml.YAMLError as exc:

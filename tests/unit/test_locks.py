@@ -2,6 +2,7 @@
 them is a file PyPI serves today (network: one PEP 691 JSON page per project, metadata only)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -12,8 +13,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Set
 
 import pytest
-from ansible.module_utils.revive_lockfile import Lock, canonical_name, lock_file_name, name_of, parse_lock
-from ansible.module_utils.revive_lockgen import NOT_PACKAGES
+from ansible.module_utils.revive_lockfile import (
+    Lock,
+    canonical_name,
+    lock_file_name,
+    name_of,
+    parse_lock,
+    render_header,
+)
+from ansible.module_utils.revive_lockgen import NOT_PACKAGES, header_for, release_job
 from ansible.module_utils.revive_releases import load_release_file
 from packaging.requirements import Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
@@ -98,6 +106,40 @@ def test_a_release_lock_agrees_with_the_release_data(path, releases):
     for requirement in lock.supplied:
         entry = lock.get(name_of(requirement))
         assert entry is not None and f"{entry.name}=={entry.version}" == requirement
+
+
+@pytest.mark.parametrize("path", RELEASE_LOCKS, ids=lambda p: p.name)
+def test_a_release_lock_header_is_what_the_generator_makes_of_the_release_data(path, releases):
+    # a lock's recorded inputs are its header and the index (make check-locks resolves them again against PyPI);
+    # offline, the header must be exactly what bin/revive lock writes for the release's lock block today
+    name = RELEASE_LOCK.match(path.name)
+    version, python = name.group("version"), name.group("python")
+    text = path.read_text(encoding="utf-8")
+    lock = read_lock(path)
+    job = release_job(releases.release(version), python)
+    if lock.supplied:  # hashed from files given with --supply DIR: take their entries from the lock itself
+        entries = {canonical_name(name_of(r)): lock.get(name_of(r)) for r in lock.supplied}
+        job = dataclasses.replace(job, supplied=tuple(
+            dataclasses.replace(item, entry=entries.get(canonical_name(name_of(item.requirement))))
+            for item in job.supplied), command=lock.value("command"))
+    resolver = lock.value("resolver")
+    assert re.fullmatch(r"uv \d+\.\d+\.\d+", resolver or ""), f"{path.name}: resolver {resolver!r}"
+    header = render_header(header_for(job, resolver))
+    assert text.startswith(header), (
+        f"{path.name}: its header is not what `{job.command}` writes from data/vllm-releases.yml; the lock block "
+        f"changed since the lock was made (regenerate it) or the lock was edited by hand.\ncommitted:\n"
+        + "".join(line + "\n" for line in text.splitlines() if line.startswith("#")) + f"generator:\n{header}")
+    assert not text[len(header):].startswith("#"), f"{path.name}: header lines the generator does not write"
+
+
+@pytest.mark.parametrize("field,value", [("exclude_newer", "2025-07-01"), ("platform", "x86_64-manylinux_2_28"),
+                                         ("constraints", [])])
+def test_a_lock_block_edited_after_locking_is_caught(releases, field, value):
+    release = releases.release("0.8.5.post1")
+    text = (LOCK_DIR / "vllm-0.8.5.post1-py3.10.txt").read_text(encoding="utf-8")
+    block = dict(release.get("lock"), **{field: value})
+    job = release_job(dataclasses.replace(release, raw=dict(release.raw, lock=block)), "3.10")
+    assert not text.startswith(render_header(header_for(job, "uv 0.13.8")))
 
 
 # --- against PyPI ---------------------------------------------------------------------------------------
