@@ -23,18 +23,7 @@ from ansible.module_utils.revive_record.release import HostView, build_release
 from ansible.module_utils.revive_record.systemd import StartTiming
 from test_release import _plan_json
 
-PROMTOOL = shutil.which("promtool")
-
-
-def requires_promtool(test):
-    """A promtool check is never skipped: without promtool the test fails saying how to install it."""
-    def run(*args, **kwargs):
-        assert PROMTOOL, "promtool is not installed: apt-get install prometheus (Debian 12 ships promtool 2.42 in it)"
-        return test(*args, **kwargs)
-    run.__name__, run.__doc__ = test.__name__, test.__doc__
-    import inspect
-    run.__signature__ = inspect.signature(test)
-    return run
+from promtool_check import PROMTOOL, requires_promtool
 FLAG = "--disable-frontend-multiprocessing"
 
 

@@ -19,18 +19,7 @@ import yaml
 
 BIN = os.path.dirname(sys.executable)
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "monitoring"
-PROMTOOL = shutil.which("promtool")
-
-
-def requires_promtool(test):
-    """A promtool check is never skipped: without promtool the test fails saying how to install it."""
-    def run(*args, **kwargs):
-        assert PROMTOOL, "promtool is not installed: apt-get install prometheus (Debian 12 ships promtool 2.42 in it)"
-        return test(*args, **kwargs)
-    run.__name__, run.__doc__ = test.__name__, test.__doc__
-    import inspect
-    run.__signature__ = inspect.signature(test)
-    return run
+from promtool_check import PROMTOOL, requires_promtool
 
 
 def ansible_env(repo, tmp_path) -> dict:
