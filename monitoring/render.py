@@ -131,9 +131,9 @@ def signal_rules(signal_map: SignalMap, resolved: Dict[str, Dict[str, Any]]) -> 
         else:
             rules.append(rule(f"{signal.record}_bucket:rate5m",
                               [f"rate({name}_bucket{selector(v)}[5m])" for name, v in names]))
-            rules.append(rule(f"{signal.record}_count:rate5m",
-                              [f"rate({name}_count{selector(v)}[5m])" for name, v in names]))
-            if signal.name == "e2e_latency":
+            if signal.name == "e2e_latency":  # the SLI's denominator; TTFT/TPOT need only their buckets
+                rules.append(rule(f"{signal.record}_count:rate5m",
+                                  [f"rate({name}_count{selector(v)}[5m])" for name, v in names]))
                 le = f'le="{e2e_le(signal_map)}", '
                 for window in SLO_WINDOWS:
                     rules.append(rule(f"revive:vllm_e2e_seconds_within_slo:rate{window}",
@@ -275,6 +275,8 @@ def _input(text: str, target: Dict[str, str]) -> List[Dict[str, str]]:
     families = _families(text)
     series = []
     for name, labels, value in _samples(text):
+        if value != value or value in (float("inf"), float("-inf")):
+            continue  # HAProxy exposes NaN for unset averages; no rule reads them
         kind = _kind(name, families)
         values = f"{_value(value)}x15" if kind in ("gauge", "untyped", "info") else f"0+{_value(60 * value)}x15"
         series.append({"series": _series(name, {**labels, **target}), "values": values})
