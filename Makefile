@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.stamp
 ACT := source $(VENV)/bin/activate &&
 
-.PHONY: help venv fakenvml unit lint molecule test demo bench bench-guidellm guidellm-venv check-runtime check-locks \
+.PHONY: help venv fakenvml unit lint molecule monitoring-check test demo bench bench-guidellm guidellm-venv check-runtime check-locks \
 	lab-up lab-down clean
 
 help:
@@ -50,7 +50,11 @@ molecule: venv fakenvml
 
 # ansible-lint (one process, ~2 CPU-minutes) runs beside Molecule, whose scenarios mostly wait on the lab's services;
 # its output goes to .lint.log and is shown after Molecule's. Either failing fails the target.
-test: unit
+# promtool (Debian 12: apt-get install prometheus) checks and tests the alert and recording rules (monitoring/README.md).
+monitoring-check:
+	cd monitoring/rules && promtool check rules $$(ls *.yml | grep -v '_test\.yml$$') && promtool test rules *_test.yml
+
+test: unit monitoring-check
 	@echo "ansible-lint beside Molecule (output in .lint.log, shown at the end); Molecule streams: $(MOLECULE_STREAMS)"
 	@$(ACT) bin/lab wheelhouse
 	@$(ACT) { ansible-lint > .lint.log 2>&1 & lint=$$!; \
