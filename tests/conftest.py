@@ -1,6 +1,7 @@
 """Shared pytest set-up: module_utils importable as `ansible.module_utils.revive_*`, paths to the repo."""
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,3 +18,22 @@ use_module_utils()
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+def _installed(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"{tool} is not installed: the monitoring tests need it (Debian 12: apt-get install prometheus, "
+                    "which ships prometheus and promtool 2.42; .ci/run installs it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Prometheus's promtool: a check that needs it is never skipped."""
+    return _installed("promtool")
+
+
+@pytest.fixture(scope="session")
+def prometheus() -> str:
+    return _installed("prometheus")

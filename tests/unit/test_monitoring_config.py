@@ -23,7 +23,6 @@ from ansible.module_utils.revive_record.release import HostView, build_release
 from ansible.module_utils.revive_record.systemd import StartTiming
 from test_release import _plan_json
 
-from promtool_check import PROMTOOL, requires_promtool
 FLAG = "--disable-frontend-multiprocessing"
 
 
@@ -261,8 +260,7 @@ def test_the_real_release_record_shape_is_read(tmp_path_factory, repo, monkeypat
         "absent" if needs_flag and FLAG not in built["replicas"][0]["argv"] else "exported"}
 
 
-@requires_promtool
-def test_promtool_accepts_the_config_with_the_rules_directory(tmp_path, release_data, repo):
+def test_promtool_accepts_the_config_with_the_rules_directory(tmp_path, release_data, repo, promtool):
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "revive.yml").write_text("groups:\n- name: t\n  rules:\n  - alert: VllmDown\n    expr: up{job=\"vllm\"} == 0\n")
@@ -272,19 +270,15 @@ def test_promtool_accepts_the_config_with_the_rules_directory(tmp_path, release_
     settings = Settings("nvitop", 9835, rule_files=(f"{rules}/*.yml",), external_labels={"fleet": "lab"})
     path = tmp_path / "prometheus.yml"
     path.write_text(config_text(release_data, settings=settings))
-    done = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout and f"{len(list(rules.glob('*.yml')))} rule files found" in done.stdout
     # And it can fail: a broken rule file named by rule_files fails the same check.
     (rules / "broken.yml").write_text("groups:\n- name: t\n  rules:\n  - alert: X\n    expr: up{\n")
-    assert subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, timeout=60).returncode != 0
+    assert subprocess.run([promtool, "check", "config", str(path)], capture_output=True, timeout=60).returncode != 0
 
 
-PROMETHEUS = shutil.which("prometheus")
-
-
-@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus (Debian package prometheus) is not installed")
-def test_real_prometheus_scrapes_a_replica_with_the_generated_labels(tmp_path, release_data):
+def test_real_prometheus_scrapes_a_replica_with_the_generated_labels(tmp_path, release_data, prometheus):
     # A replica's /metrics as 0.5.4 exposes a gauge, served on loopback; Prometheus 2.42 scrapes it through the
     # generated configuration and the series carries the target's labels.
     import http.server
@@ -319,7 +313,7 @@ def test_real_prometheus_scrapes_a_replica_with_the_generated_labels(tmp_path, r
                         prometheus_address=f"127.0.0.1:{web}")
     text = fleet_config_text(["node1"], {"node1": record}, {"node1": "127.0.0.1"}, [], settings, release_data)[0]
     (tmp_path / "prometheus.yml").write_text(text)
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+    proc = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--web.listen-address=127.0.0.1:{web}", f"--storage.tsdb.path={tmp_path / 'data'}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

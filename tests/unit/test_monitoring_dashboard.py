@@ -53,15 +53,6 @@ GPU_SERIES = [  # nvitop-exporter on node1 (the lab's exporter), the replica map
 
 
 @pytest.fixture(scope="module")
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if not path:
-        pytest.fail("promtool is not installed: these tests need Prometheus's promtool (Debian 12: "
-                    "apt-get install prometheus; .ci/run installs it)")
-    return path
-
-
-@pytest.fixture(scope="module")
 def dashboard() -> Dict:
     return json.loads(DASHBOARD.read_text())
 

@@ -29,15 +29,6 @@ TEST_FILES = sorted(RULES.glob("*_test.yml"))
 HAND_WRITTEN = [p for p in RULE_FILES if p.name != "vllm_signals.yml"]
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if not path:
-        pytest.fail("promtool is not installed: these tests need Prometheus's promtool (Debian 12: "
-                    "apt-get install prometheus; .ci/run installs it)")
-    return path
-
-
 def run(promtool: str, *args: str, cwd: Path = RULES) -> subprocess.CompletedProcess:
     return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
