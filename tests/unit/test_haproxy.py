@@ -258,3 +258,30 @@ def test_a_replica_whose_port_closed_is_taken_out_by_the_traffic_itself(tmp_path
     assert statuses == [200] * 8
     assert servers["node1-vllm-0"].status.startswith("DOWN"), servers["node1-vllm-0"]
     assert servers["node2-vllm-0"].status.startswith("UP"), servers["node2-vllm-0"]
+
+
+def test_the_exporter_frontend_serves_the_backend_queue_and_every_server_sessions(tmp_path):
+    """frontdoor_prometheus_port > 0 adds HAProxy's Prometheus exporter: /metrics has the series the monitoring
+    rules and dashboard read (haproxy_backend_current_queue, haproxy_server_current_sessions per server), other
+    paths answer 404; 0 renders no such frontend."""
+    backends = [Backend(), Backend()]
+    exporter = free_port()
+    proxy = HAProxy(tmp_path, render(tmp_path, backends, free_port(), frontdoor_prometheus_port=exporter)).start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", exporter, timeout=5)
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        body = response.read().decode()
+        assert response.status == 200
+        assert 'haproxy_backend_current_queue{proxy="vllm"} 0' in body
+        for server in SERVERS:
+            assert f'haproxy_server_current_sessions{{proxy="vllm",server="{server}"}} 0' in body
+        connection.request("GET", "/stats")
+        response = connection.getresponse()
+        assert response.status == 404 and b"only /metrics" in response.read()
+        connection.close()
+    finally:
+        proxy.stop()
+        for backend in backends:
+            backend.close()
+    assert "frontend prometheus" not in render(tmp_path, [], free_port())
