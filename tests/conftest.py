@@ -20,11 +20,11 @@ def repo() -> Path:
     return REPO
 
 
-def _installed(tool: str) -> str:
+def _installed(tool: str, package: str = "prometheus") -> str:
     path = shutil.which(tool)
     if not path:
-        pytest.fail(f"{tool} is not installed: the monitoring tests need it (Debian 12: apt-get install prometheus, "
-                    "which ships prometheus and promtool 2.42; .ci/run installs it)")
+        pytest.fail(f"{tool} is not installed: the monitoring tests need it (Debian 12: apt-get install {package}; "
+                    "prometheus ships prometheus and promtool 2.42; .ci/run installs it)")
     return path
 
 
@@ -37,3 +37,15 @@ def promtool() -> str:
 @pytest.fixture(scope="session")
 def prometheus() -> str:
     return _installed("prometheus")
+
+
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    """Alertmanager's amtool (Debian's prometheus-alertmanager): the Alertmanager configuration is always checked."""
+    return _installed("amtool", "prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
+def blackbox_exporter() -> str:
+    """The blackbox exporter (Debian's prometheus-blackbox-exporter), for its --config.check."""
+    return _installed("prometheus-blackbox-exporter", "prometheus-blackbox-exporter")

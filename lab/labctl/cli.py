@@ -13,7 +13,7 @@ from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, SUPPORT_HOSTS, build_shap
 
 USAGE = """\
 examples:
-  bin/lab up                                  2 GPU nodes (v100-pcie-8x) + model-store, bench1, lb1
+  bin/lab up                                  2 GPU nodes (v100-pcie-8x) + model-store, bench1, lb1, monitor1
   bin/lab up --nodes 3 --gpu-profile node3=v100-pcie-8x-degraded
   bin/lab status                              hosts, addresses, systemd state, GPU profiles
   bin/lab ssh node1 systemctl is-system-running   run a command on a lab host (or log in)

@@ -23,19 +23,28 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #   acl            become_user to an unprivileged user needs setfacl for Ansible's temporary files
 #   python3-venv   the runtime and probe venvs
 #   libjansson4    the fake libnvidia-ml.so.1 reads its JSON profile with jansson (lab/fakenvml/Makefile)
+#   prometheus, prometheus-alertmanager, prometheus-blackbox-exporter
+#                  the monitor host (roles/monitoring, entry point main); units left disabled, the role enables them
+#   prometheus-node-exporter
+#                  every GPU node (entry point exporters); unit left disabled, the role enables it
+#   dbus           node exporter's systemd collector talks to systemd over the system bus
 PACKAGES = (
     "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "less", "libjansson4",
-    "openssh-server", "procps", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
+    "openssh-server", "procps", "prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter",
+    "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
     "systemd", "systemd-sysv",
 )
 
 # Bump when customize() changes: the cache key covers it, so an old rootfs is never reused by mistake.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 # Units that do nothing useful in a lab host without a network to Debian, a disk or a terminal, and would
-# otherwise fail later (apt-daily) and turn `systemctl is-system-running` to degraded.
+# otherwise fail later (apt-daily) and turn `systemctl is-system-running` to degraded, and the packaged services
+# that a role enables where it wants them (haproxy on lb, prometheus* on monitor and the GPU nodes).
 DISABLED_UNITS = {
-    "multi-user.target.wants": ("haproxy.service", "e2scrub_reap.service"),
+    "multi-user.target.wants": ("haproxy.service", "e2scrub_reap.service", "prometheus.service",
+                                "prometheus-alertmanager.service", "prometheus-blackbox-exporter.service",
+                                "prometheus-node-exporter.service"),
     "timers.target.wants": ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"),
 }
 

@@ -13,14 +13,14 @@ DEFAULT_GPU_PROFILE = "v100-pcie-8x"
 MAX_NODES = 32
 
 # The fleet roles besides GPU nodes, as in the field notes: an rsync source for models, a load client
-# kept off the GPU nodes, and the front door. Host name -> inventory group.
+# kept off the GPU nodes, the front door, and Prometheus (issue 15). Host name -> inventory group.
 # Host names differ from their group names: Ansible warns when a host and a group share a name.
-SUPPORT_HOSTS = {"model-store": "model_store", "bench1": "bench", "lb1": "lb"}
-GROUPS = ("gpu_nodes", "model_store", "bench", "lb")
+SUPPORT_HOSTS = {"model-store": "model_store", "bench1": "bench", "lb1": "lb", "monitor1": "monitor"}
+GROUPS = ("gpu_nodes", "model_store", "bench", "lb", "monitor")
 
 # Each lab owns one /24 of this /16; slot N is 10.213.N.0/24, the controller (the bridge) is .1.
 LAB_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
-SUPPORT_HOST_OCTET = {"model-store": 2, "bench1": 3, "lb1": 4}
+SUPPORT_HOST_OCTET = {"model-store": 2, "bench1": 3, "lb1": 4, "monitor1": 5}
 FIRST_NODE_OCTET = 10  # node1 is .11
 
 
@@ -88,7 +88,7 @@ def profile_path(profiles_dir: Path, name: str) -> Path:
 
 
 def parse_support_hosts(spec: str) -> tuple[str, ...]:
-    """`model-store,bench,lb` (any subset, in any order) or `none`."""
+    """`model-store,bench1,lb1,monitor1` (any subset, in any order) or `none`."""
     if spec.strip() == "none":
         return ()
     names = [n.strip() for n in spec.split(",") if n.strip()]

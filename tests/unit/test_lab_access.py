@@ -53,6 +53,7 @@ def test_inventory_groups_hosts_and_reaches_them_with_the_labs_key_and_known_hos
         "model_store": {"hosts": {"model-store": {"ansible_host": "10.213.3.2"}}},
         "bench": {"hosts": {"bench1": {"ansible_host": "10.213.3.3"}}},
         "lb": {"hosts": {"lb1": {"ansible_host": "10.213.3.4"}}},
+        "monitor": {},
     }
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab"))
@@ -55,6 +56,20 @@ def test_cache_key_follows_the_package_list(monkeypatch):
 def test_the_rootfs_carries_what_lab_hosts_cannot_download():
     assert {"haproxy", "python3-apt", "python3-venv", "rsync", "openssh-server", "systemd-sysv",
             "libjansson4"} <= set(rootfs.PACKAGES)
+
+
+def test_the_rootfs_carries_every_distribution_package_a_role_installs_on_a_lab_host():
+    """Lab hosts reach no mirror: a package a role's defaults install that the rootfs lacks fails the role there."""
+    repo = Path(__file__).resolve().parents[2]
+    monitoring = yaml.safe_load((repo / "roles/monitoring/defaults/main.yml").read_text())
+    frontdoor = yaml.safe_load((repo / "roles/frontdoor/defaults/main.yml").read_text())
+    wanted = set(monitoring["monitoring_packages"]) | set(monitoring["monitoring_node_exporter_packages"]) \
+        | set(frontdoor["frontdoor_packages"])
+    assert wanted <= set(rootfs.PACKAGES), sorted(wanted - set(rootfs.PACKAGES))
+    # The packaged services start only where a role enables them.
+    disabled = set(rootfs.DISABLED_UNITS["multi-user.target.wants"])
+    assert {"haproxy.service", "prometheus.service", "prometheus-alertmanager.service",
+            "prometheus-blackbox-exporter.service", "prometheus-node-exporter.service"} <= disabled
 
 
 def test_customize_removes_shared_identity_and_units_that_would_fail_offline(tmp_path):

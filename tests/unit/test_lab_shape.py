@@ -77,7 +77,7 @@ def test_support_hosts_keep_a_canonical_order_and_none_means_none():
 
 
 def test_unknown_support_host_is_refused_with_the_choices():
-    with pytest.raises(LabError, match="unknown support host\\(s\\) db; choose from model-store, bench1, lb1"):
+    with pytest.raises(LabError, match="unknown support host\\(s\\) db; choose from model-store, bench1, lb1, monitor1"):
         parse_support_hosts("db,lb1")
 
 

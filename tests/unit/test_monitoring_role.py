@@ -1,14 +1,13 @@
 """roles/monitoring rendered by Ansible and the module prometheus_config run by Ansible: the exporters' units and
 flags (dcgm-exporter's fields with ECC, retired pages and XID counters; nvitop-exporter's explicit --port and
---hostname; node exporter's systemd collector), blackbox's /health module and Alertmanager's configuration (checked
-by their own tools where installed), the GPU exporter's port following the one variable, prometheus.yml written,
+--hostname; node exporter's systemd collector), blackbox's /health module and Alertmanager's configuration
+(checked by their own tools, which .ci/run installs), the GPU exporter's port following the one variable, prometheus.yml written,
 validated by promtool, idempotent, in check mode and with a diff; playbooks/monitoring.yml skipped cleanly without a
 `monitor` group; ansible-doc renders the module and the role."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -134,20 +133,18 @@ def test_the_gpu_exporters_port_follows_the_one_variable(repo, tmp_path, kind, p
 
 # --- the monitor host ----------------------------------------------------------------------------------------
 
-def test_blackbox_probes_health_for_200_over_ipv4(repo, tmp_path):
+def test_blackbox_probes_health_for_200_over_ipv4(repo, tmp_path, blackbox_exporter):
     text = render(repo, tmp_path, "blackbox.yml.j2")
     module = yaml.safe_load(text)["modules"]["http_health"]
     assert module == {"prober": "http", "timeout": "5s",
                       "http": {"method": "GET", "valid_status_codes": [200], "preferred_ip_protocol": "ip4",
                                "no_follow_redirects": True}}
-    checker = shutil.which("prometheus-blackbox-exporter")
-    if checker:
-        done = subprocess.run([checker, "--config.check", f"--config.file={tmp_path / 'blackbox.yml'}"],
-                              capture_output=True, text=True, timeout=30)
-        assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run([blackbox_exporter, "--config.check", f"--config.file={tmp_path / 'blackbox.yml'}"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_alertmanager_gets_the_route_and_receivers(repo, tmp_path):
+def test_alertmanager_gets_the_route_and_receivers(repo, tmp_path, amtool):
     receivers = [{"name": "oncall", "webhook_configs": [{"url": "http://hooks.example.internal/alert"}]}]
     route = {"receiver": "oncall", "group_by": ["alertname", "node"]}
     text = render(repo, tmp_path, "alertmanager.yml.j2", monitoring_alertmanager_receivers=receivers,
@@ -155,11 +152,9 @@ def test_alertmanager_gets_the_route_and_receivers(repo, tmp_path):
     assert yaml.safe_load(text) == {"route": route, "receivers": receivers}
     default = yaml.safe_load(render(repo, tmp_path, "alertmanager.yml.j2"))
     assert default["route"]["receiver"] == "default" and default["receivers"] == [{"name": "default"}]
-    amtool = shutil.which("amtool")
-    if amtool:
-        done = subprocess.run([amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True,
-                              text=True, timeout=30)
-        assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run([amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_services_command_lines(repo, tmp_path):
