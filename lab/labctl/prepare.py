@@ -2,8 +2,11 @@
 
 - `bin/lab wheelhouse`: the controller directory .lab/wheelhouse that roles copy to nodes, which reach no
   package index (an air-gapped site's wheelhouse, in the lab): the probe venv's pins (read from the
-  gpu_preflight role's defaults, so they cannot drift) and, once lab/vllm_twin/build_wheelhouse.py exists,
-  the vLLM twin's wheels (it is called with the wheelhouse directory as its only argument).
+  gpu_preflight role's defaults, so they cannot drift), every pin of the nvitop-exporter lock
+  (data/locks/nvitop-exporter.txt, the monitoring role's venv) as the lab nodes' wheels (CPython 3.11, Debian 12,
+  x86_64), hash-checked, and, once lab/vllm_twin/build_wheelhouse.py exists, the vLLM twin's wheels (it is called
+  with the wheelhouse directory as its only argument). A wheel already there is not downloaded again, so a
+  complete wheelhouse is rebuilt offline.
 - `bin/lab seed-model`: the lab model - the tiny llama-2-7b-chat fixture of tests/fixtures/models.py (8 heads
   of 64, so it can be planned) - under /srv/models/<name>/<revision> on the model-store host, written into
   the host's root from here, atomically, and only when its content differs.
@@ -27,6 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = REPO / ".lab/wheelhouse"
 PREFLIGHT_DEFAULTS = REPO / "roles/gpu_preflight/defaults/main.yml"
 TWIN_WHEELHOUSE_BUILDER = REPO / "lab/vllm_twin/build_wheelhouse.py"
+NVITOP_EXPORTER_LOCK = REPO / "data/locks/nvitop-exporter.txt"
+# The lab nodes' interpreter and platform (Debian 12: CPython 3.11, glibc 2.36). pip download does not widen a
+# manylinux_2_X tag to the older ones the node's pip accepts (psutil's wheel is manylinux_2_12), so all are named.
+NODE_WHEEL_TARGET = ("--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+                     *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)))
 
 # Keep equal to inventory/lab/group_vars/all/revive.yml (a unit test checks).
 MODEL_NAME = "tiny-chat"
@@ -48,18 +56,55 @@ def wheel_present(directory: Path, pin: str) -> bool:
     return any(path.name.lower().startswith(stem) and path.suffix == ".whl" for path in directory.glob("*.whl"))
 
 
+def lock_requirements(text: str) -> dict[str, str]:
+    """`name==version` -> its requirement with every `--hash` of a hash lock (uv's format: a pin line, then
+    indented `--hash=sha256:...` continuation lines; `# via` comments and the header are left out)."""
+    requirements: dict[str, str] = {}
+    pin = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not line[0].isspace():
+            pin = stripped.rstrip("\\").strip()
+            requirements[pin] = ""
+        requirements[pin] += line.rstrip() + "\n"
+    return requirements
+
+
+def _pip_download(argv_tail: list[str]) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+            "--only-binary=:all:", *argv_tail]
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"`{' '.join(argv)}` failed:\n{(proc.stderr or proc.stdout).strip()}\n"
+                       "The wheelhouse needs PyPI once; afterwards it is reused offline.")
+
+
+def download_locked_wheels(dest: Path, lock: Path, log=print) -> list[str]:
+    """The lock's wheels for the lab nodes (NODE_WHEEL_TARGET) that `dest` lacks, checked against the lock's
+    hashes (pip --require-hashes); returns the pins downloaded ([] when all were there: no network)."""
+    wanted = lock_requirements(lock.read_text(encoding="utf-8"))
+    missing = [pin for pin in wanted if not wheel_present(dest, pin)]
+    if not missing:
+        return []
+    with tempfile.TemporaryDirectory(prefix="lab-wheelhouse-") as tmp:
+        requirements = Path(tmp) / lock.name
+        requirements.write_text("".join(wanted[pin] for pin in missing), encoding="utf-8")
+        _pip_download([*NODE_WHEEL_TARGET, "--require-hashes", "--dest", str(dest), "-r", str(requirements)])
+    for pin in missing:
+        log(f"lab: wheelhouse: downloaded {pin} ({lock.name})")
+    return missing
+
+
 def build_wheelhouse(dest: Path = WHEELHOUSE, log=print) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for pin in probe_pins():
         if wheel_present(dest, pin):
             continue
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                "--only-binary=:all:", "--dest", str(dest), pin]
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise LabError(f"`{' '.join(argv)}` failed:\n{(proc.stderr or proc.stdout).strip()}\n"
-                           "The wheelhouse needs PyPI once; afterwards it is reused offline.")
+        _pip_download(["--dest", str(dest), pin])
         log(f"lab: wheelhouse: downloaded {pin}")
+    download_locked_wheels(dest, NVITOP_EXPORTER_LOCK, log)
     if TWIN_WHEELHOUSE_BUILDER.exists():
         argv = [sys.executable, str(TWIN_WHEELHOUSE_BUILDER), str(dest)]
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
