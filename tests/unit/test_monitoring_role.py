@@ -109,7 +109,8 @@ def test_node_exporter_runs_the_systemd_collector_with_restart_counts(repo, tmp_
     text = render(repo, tmp_path, "prometheus-node-exporter.default.j2")
     (assignment,) = lines(text)
     words = assignment.removeprefix('ARGS="').removesuffix('"').split()
-    assert words == ["--web.listen-address=:9100", "--collector.systemd", "--collector.systemd.enable-restarts-metrics",
+    assert words == ["--web.listen-address=:9100", "--collector.textfile.directory=/var/lib/prometheus/node-exporter",
+                     "--collector.systemd", "--collector.systemd.enable-restarts-metrics",
                      "--collector.systemd.unit-include=(vllm-.+|nvidia-dcgm|nvidia-dcgm-exporter|nvitop-exporter)"
                      "[.]service"]
     # The replicas' units (vllm_service: <replica>.service, replicas vllm-0, vllm-1, ...) match; others do not.
@@ -117,6 +118,21 @@ def test_node_exporter_runs_the_systemd_collector_with_restart_counts(repo, tmp_
     pattern = re.compile(words[-1].split("=", 1)[1])
     assert pattern.fullmatch("vllm-0.service") and pattern.fullmatch("nvitop-exporter.service")
     assert not pattern.fullmatch("ssh.service")
+
+
+def test_the_replica_map_names_every_gpu_of_every_replica_for_the_tp_group_rules(repo, tmp_path, promtool):
+    """revive-replicas.prom: revive_replica_gpu_info{replica, gpu} = 1 per GPU of each replica, in the exposition
+    format node exporter's textfile collector accepts (promtool check metrics), sorted so a re-render is identical."""
+    replicas = [{"name": "vllm-1", "gpus": [7, 6, 5, 4]}, {"name": "vllm-0", "gpus": [0, 1, 2, 3]}]
+    text = render(repo, tmp_path, "revive-replicas.prom.j2", __monitoring_replicas=replicas)
+    samples = [line for line in text.splitlines() if line.startswith("revive_replica_gpu_info")]
+    assert samples == [f'revive_replica_gpu_info{{replica="vllm-{r}",gpu="{g}"}} 1'
+                       for r, gpus in ((0, range(4)), (1, range(4, 8))) for g in gpus]
+    body = "".join(line + "\n" for line in text.splitlines() if not line.startswith("# ") or " HELP " in line
+                   or " TYPE " in line)
+    check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert render(repo, tmp_path, "revive-replicas.prom.j2", __monitoring_replicas=list(reversed(replicas))) == text
 
 
 @pytest.mark.parametrize("kind,port,expected", [("dcgm", 0, 9400), ("nvitop", 0, 9835), ("nvitop", 9999, 9999)])
