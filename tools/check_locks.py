@@ -6,9 +6,9 @@
 A release lock (`vllm-<V>-py<X.Y>.txt`) is made again with `bin/revive lock V --python X.Y --out-dir TMP`: its
 inputs are its header (release, python, platform, exclude-newer, constraints, supplied) and the index, so this
 talks to PyPI and is not part of `make test`. A lock that hashes supplied files (`# supplied:`) needs their
-directory and is reported as not regenerated. The other locks (probe-venv, convert-venv, guidellm-bench) are
-written by the `# command:` line of their header with the control venv's uv; their body (everything below the
-header) is compared. Exit status: 0 every regenerated lock is byte-identical, 1 one differs or failed.
+directory and is reported as not regenerated. The other locks (probe-venv, convert-venv, nvitop-exporter,
+guidellm-bench) are written by the `# command:` line of their header with the control venv's uv; their body
+(everything below the header) is compared. Exit status: 0 every regenerated lock is byte-identical, 1 one differs or failed.
 """
 from __future__ import annotations
 
