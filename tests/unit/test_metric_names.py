@@ -1,6 +1,7 @@
 """module_utils/revive_metric_names.py: each release resolves to its era's metric names, checked against the release
 data's `metrics:` lists; a release no era covers, or whose list lacks a name its era claims, is refused; the data's
-E2E buckets agree with the twin's captured exposition where the twin simulates the era."""
+E2E and TTFT buckets agree with the twin's captured exposition where the twin simulates the era; the TTFT SLO bound
+and edge are derived from the E2E target and the field calibration's production level, and move when it does."""
 from __future__ import annotations
 
 import copy
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils.revive_metric_names import (MetricNamesError, load_signal_file, load_signal_map, resolve,
-                                                      resolve_releases, version_regex)
+from ansible.module_utils.revive_metric_names import (MetricNamesError, common_edge_at_or_above, load_signal_file,
+                                                      load_signal_map, resolve, resolve_releases, ttft_bound,
+                                                      version_regex)
 from ansible.module_utils.revive_releases import load_release_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +85,11 @@ def test_a_release_in_no_era_is_refused(signal_map):
     (lambda d: d["signals"]["ttft"].__setitem__("record", "vllm_ttft"), r"must start with 'revive:'"),
     (lambda d: d["eras"].append(dict(d["eras"][0], name="dup")), r"in several metric eras"),
     (lambda d: d.__setitem__("schema_version", 2), r"schema_version"),
+    (lambda d: d["eras"][2].pop("ttft_buckets"), r"eras\[2\]: missing key 'ttft_buckets'"),
+    (lambda d: d["eras"][0].__setitem__("ttft_buckets", [5.0, 2.5]),
+     r"eras\[0\]\.ttft_buckets: edges must be increasing"),
+    (lambda d: d["slo"]["ttft"].pop("production_concurrency"), r"slo\.ttft: missing key 'production_concurrency'"),
+    (lambda d: d["slo"]["ttft"].__setitem__("output_tokens", 200.5), r"slo\.ttft\.output_tokens: expected int"),
 ])
 def test_malformed_signal_data_is_refused(raw, releases, mutate, message):
     data = copy.deepcopy(raw)
@@ -103,3 +110,74 @@ def test_the_data_e2e_buckets_are_the_twins(signal_map, capture, era):
     edges = [float(m) for m in re.findall(r'^vllm:e2e_request_latency_seconds_bucket\{le="([0-9.]+)"', text, re.M)]
     assert tuple(edges) == next(e for e in signal_map.eras if e.name == era).e2e_buckets
     assert signal_map.slo.e2e_bucket_le in edges and signal_map.slo.e2e_bucket_le > signal_map.slo.e2e_p95_seconds
+
+
+@pytest.mark.parametrize("capture, era", [("vllm-0.5.4.prom", "0.5"), ("vllm-0.8.5.post1.prom", "0.8-0.9")])
+def test_the_data_ttft_buckets_are_the_twins(signal_map, capture, era):
+    text = (CAPTURES / capture).read_text()
+    edges = [float(m) for m in re.findall(r'^vllm:time_to_first_token_seconds_bucket\{le="([0-9.]+)"', text, re.M)]
+    assert tuple(edges) == next(e for e in signal_map.eras if e.name == era).ttft_buckets
+
+
+def test_the_ttft_bound_and_edge_are_derived_from_the_data(signal_map):
+    """12 s - 200 tokens / (768 tok/s / 32 streams) = 3.67 s; the first edge at or above it in every era is 5.0
+    (0.5.4's TTFT buckets end at 10 s). A change here changes the alerts' edge: re-render and re-read the tickets."""
+    ttft = signal_map.slo.ttft
+    assert ttft.stream_tok_s == 24.0
+    assert ttft.bound_seconds == pytest.approx(12 - 200 / 24) and round(ttft.bound_seconds, 2) == 3.67
+    assert ttft.bucket_le == 5.0
+    assert all(ttft.bucket_le in era.ttft_buckets for era in signal_map.eras)
+    assert max(e for e in signal_map.eras[0].ttft_buckets) == 10.0
+
+
+def test_the_ttft_inputs_are_the_field_calibration_s(signal_map):
+    """The signal data states the calibration's numbers with their source; they must stay the calibration's."""
+    calibration = yaml.safe_load((REPO / "data" / "field-calibration.yml").read_text())
+    production = [level for level in calibration["levels"] if level.get("meets_slo")]
+    assert len(production) == 1, "exactly one production level (meets_slo: true) in data/field-calibration.yml"
+    ttft = signal_map.slo.ttft
+    assert (ttft.production_concurrency, ttft.production_throughput_tok_s) == (production[0]["concurrency"],
+                                                                              production[0]["throughput_tok_s"])
+    assert ttft.output_tokens == calibration["slo"]["output_tokens"]
+    assert signal_map.slo.e2e_p95_seconds == calibration["slo"]["e2e_p95_s"]
+    assert "data/field-calibration.yml" in ttft.source
+
+
+@pytest.mark.parametrize("ttft, slo, bound, edge", [
+    ({}, {}, 12 - 200 / 24, 5.0),
+    # the field report's concurrency 16 as the production level: 464 / 16 = 29 tok/s per stream
+    ({"production_concurrency": 16, "production_throughput_tok_s": 464}, {}, 12 - 200 / 29, 7.5),
+    ({"output_tokens": 100}, {}, 12 - 100 / 24, 10.0),
+    ({}, {"e2e_p95_seconds": 10.0}, 10 - 200 / 24, 2.5),
+])
+def test_a_changed_calibration_moves_the_ttft_bound(raw, ttft, slo, bound, edge):
+    data = copy.deepcopy(raw)
+    data["slo"].update(slo)
+    data["slo"]["ttft"].update(ttft)
+    derived = load_signal_map(data).slo.ttft
+    assert (derived.bound_seconds, derived.bucket_le) == (pytest.approx(bound), edge)
+
+
+@pytest.mark.parametrize("ttft, slo, message", [
+    # 512 / 32 = 16 tok/s: 200 tokens take 12.5 s, more than the whole 12 s target
+    ({"production_throughput_tok_s": 512}, {}, r"slo\.ttft: TTFT bound: .*take 12\.5 s.*leaves no time"),
+    ({"production_throughput_tok_s": 800}, {"e2e_p95_seconds": 8.0}, r"bound 0 s leaves no time"),
+    # a 30 s target leaves 21.7 s: 0.5.4-0.7.3's TTFT buckets end at 10 s, so no edge is common
+    ({}, {"e2e_p95_seconds": 30.0, "e2e_bucket_le": 40.0}, r"no bucket edge at or above 21\.67 s is common"),
+])
+def test_an_underivable_ttft_bound_is_refused(raw, ttft, slo, message):
+    data = copy.deepcopy(raw)
+    data["slo"].update(slo)
+    data["slo"]["ttft"].update(ttft)
+    with pytest.raises(MetricNamesError, match=message):
+        load_signal_map(data)
+
+
+def test_the_derivation_functions():
+    assert ttft_bound(12.0, 200, 768, 32) == pytest.approx(11 / 3)
+    with pytest.raises(MetricNamesError, match="concurrency must be > 0"):
+        ttft_bound(12.0, 200, 768, 0)
+    assert common_edge_at_or_above(3.67, {"a": [1.0, 2.5, 5.0, 10.0], "b": [2.5, 4.0, 7.5, 10.0]}) == 10.0
+    assert common_edge_at_or_above(5.0, {"a": [5.0]}) == 5.0  # at the bound counts
+    with pytest.raises(MetricNamesError, match="no bucket edge at or above 11 s"):
+        common_edge_at_or_above(11.0, {"a": [5.0, 10.0], "b": [10.0, 20.0]})

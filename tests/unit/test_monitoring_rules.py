@@ -1,7 +1,8 @@
 """monitoring/rules: promtool accepts every rule file and passes every *_test.yml beside them; the generated files
 equal a fresh render of the data (monitoring/render.py --check); every vllm:* family a rule names is in the release
 data of every release the rule selects, and the hand-written rules name none; every alert carries summary,
-description, runbook and severity and is tested firing and not firing; a renamed metric fails the promtool tests.
+description, runbook and severity and is tested firing and not firing; the TTFT tickets read the derived edge; a
+renamed metric fails the promtool tests.
 
 promtool is Prometheus's (Debian 12: `apt-get install prometheus`, which .ci/run installs); without it these tests
 fail, they do not skip."""
@@ -86,6 +87,7 @@ def test_every_alert_says_what_it_means_and_what_to_do():
     # the issue's list: queue, latency SLO, KV, preemptions/swaps, GPU memory, imbalance (TP group and replicas),
     # retired pages / ECC / XID, replica down, unit restarts, metrics missing
     assert {"VllmQueueGrowing", "VllmLatencySloFastBurn", "VllmLatencySloSlowBurn", "VllmLatencySloBudgetBurn",
+            "VllmTtftSloFastBurn", "VllmTtftSloSlowBurn",
             "VllmKvCacheNearlyFull", "VllmPreemptions", "VllmRequestsSwapped", "GpuMemoryNearlyFull",
             "GpuUtilizationImbalanceInReplica", "GpuUtilizationImbalanceAcrossReplicas", "GpuRetiredPagesPending",
             "GpuUncorrectableEccErrors", "GpuXidCritical", "VllmReplicaDown", "VllmUnitRestarted",
@@ -110,6 +112,26 @@ def test_every_alert_is_tested_firing_and_not_firing_and_every_record_is_used():
     records = {r["record"] for p in RULE_FILES for r in rules_of(p) if "record" in r}
     unused = [record for record in records if not re.search(re.escape(record) + r"(?![\w:])", used)]
     assert unused == [], "recorded but read by no rule, test or panel"
+
+def test_the_ttft_tickets_read_the_derived_edge_and_say_how_it_was_derived():
+    signal_map, _ = render.load()
+    ttft = signal_map.slo.ttft
+    assert (round(ttft.bound_seconds, 2), ttft.bucket_le) == (3.67, 5.0)
+    signals = rules_of(RULES / "vllm_signals.yml")
+    within = [r for r in signals if r.get("record", "").startswith("revive:vllm_ttft_seconds_within_slo:rate")]
+    assert sorted(r["record"].rsplit("rate", 1)[1] for r in within) == sorted(render.TTFT_WINDOWS)
+    for rule in within:
+        assert 'vllm:time_to_first_token_seconds_bucket{le="5.0", ' in rule["expr"], rule["record"]
+    by_name = {rule["alert"]: rule for rule in signals if "alert" in rule}
+    for alert, severity, long_window, short_window, burn, hold in render.TTFT_BURN_PAIRS:
+        rule = by_name[alert]
+        assert rule["labels"]["severity"] == severity == "ticket" and rule["for"] == hold
+        assert f"revive:vllm_ttft_slo_errors:ratio_rate{long_window} > {round(burn * 0.05, 6)}" in rule["expr"]
+        assert f"ratio_rate{short_window} > " in rule["expr"] and "revive:vllm_ttft_requests:rate1h" in rule["expr"]
+        text = rule["annotations"]["description"]
+        assert "12 s - 200 tokens / (768 tok/s / 32 streams) = 3.67 s" in text and 'le="5.0"' in text
+        assert "maxconn" in rule["annotations"]["runbook"] and "add a replica" in rule["annotations"]["runbook"]
+
 
 def test_a_renamed_metric_fails_the_capture_tests(promtool, tmp_path):
     """The 0.5.4 KV family renamed in the rules (as if the data named 0.10's family for 0.5.4): promtool fails."""
