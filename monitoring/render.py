@@ -171,23 +171,38 @@ def signal_rules(signal_map: SignalMap, resolved: Dict[str, Dict[str, Any]]) -> 
     return rules
 
 
+SPENT = {"1h": "2 %", "6h": "5 %", "3d": "10 %"}  # the share of the period's budget a pair's long window spends
+
+
+def burn_alert(sli: str, what: str, alert: str, severity: str, windows: Tuple[str, str], burn: float,
+               threshold: float, hold: str, annotations: Dict[str, str]) -> Dict[str, Any]:
+    """One multi-window burn alert on the SLI `revive:vllm_<sli>_slo_errors`, guarded against low traffic; the
+    caller writes its description and runbook."""
+    long_window, short_window = windows
+    return {
+        "alert": alert,
+        "expr": f"revive:vllm_{sli}_slo_errors:ratio_rate{long_window} > {threshold}\n"
+                f"and revive:vllm_{sli}_slo_errors:ratio_rate{short_window} > {threshold}\n"
+                f"and revive:vllm_{sli}_requests:rate1h * 3600 > {MIN_REQUESTS_PER_HOUR}",
+        "for": hold,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": f"{{{{ $labels.model_name }}}}: {what} error budget burning {burn:g}x "
+                       f"({long_window} and {short_window})",
+            **annotations,
+        },
+    }
+
+
 def burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
     budget = 1 - signal_map.slo.objective
     slo = signal_map.slo
     alerts = []
     for alert, severity, long_window, short_window, burn, hold in BURN_PAIRS:
         threshold = round(burn * budget, 6)
-        spent = {"1h": "2 %", "6h": "5 %", "3d": "10 %"}[long_window]
-        alerts.append({
-            "alert": alert,
-            "expr": f"revive:vllm_e2e_slo_errors:ratio_rate{long_window} > {threshold}\n"
-                    f"and revive:vllm_e2e_slo_errors:ratio_rate{short_window} > {threshold}\n"
-                    f"and revive:vllm_e2e_requests:rate1h * 3600 > {MIN_REQUESTS_PER_HOUR}",
-            "for": hold,
-            "labels": {"severity": severity},
-            "annotations": {
-                "summary": f"{{{{ $labels.model_name }}}}: E2E latency error budget burning {burn:g}x "
-                           f"({long_window} and {short_window})",
+        spent = SPENT[long_window]
+        alerts.append(burn_alert("e2e", "E2E latency", alert, severity, (long_window, short_window), burn,
+                                 threshold, hold, {
                 "description": (
                     f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s requests took longer than "
                     f"{slo.e2e_bucket_le:g} s over both the last {long_window} and {short_window} "
@@ -202,8 +217,7 @@ def burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
                     "(playbooks/benchmark.yml with benchmark_apply) or add a replica; one slow replica "
                     "(GPU imbalance, preemptions) - drain it (playbooks/rolling.yml) and check its node; all replicas "
                     "slow at normal load - re-run revive bench to see whether the release or the model changed."),
-            },
-        })
+            }))
     return alerts + ttft_burn_alerts(signal_map)
 
 
@@ -217,17 +231,9 @@ def ttft_burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
     alerts = []
     for alert, severity, long_window, short_window, burn, hold in TTFT_BURN_PAIRS:
         threshold = round(burn * budget, 6)
-        spent = {"1h": "2 %", "6h": "5 %", "3d": "10 %"}[long_window]
-        alerts.append({
-            "alert": alert,
-            "expr": f"revive:vllm_ttft_slo_errors:ratio_rate{long_window} > {threshold}\n"
-                    f"and revive:vllm_ttft_slo_errors:ratio_rate{short_window} > {threshold}\n"
-                    f"and revive:vllm_ttft_requests:rate1h * 3600 > {MIN_REQUESTS_PER_HOUR}",
-            "for": hold,
-            "labels": {"severity": severity},
-            "annotations": {
-                "summary": f"{{{{ $labels.model_name }}}}: TTFT error budget burning {burn:g}x "
-                           f"({long_window} and {short_window})",
+        spent = SPENT[long_window]
+        alerts.append(burn_alert("ttft", "TTFT", alert, severity, (long_window, short_window), burn,
+                                 threshold, hold, {
                 "description": (
                     f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s first tokens took longer "
                     f"than {ttft.bucket_le:g} s over both the last {long_window} and {short_window} "
@@ -247,8 +253,7 @@ def ttft_burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
                     "the E2E SLO burns; one replica slow to first token (preemptions, KV usage near full, GPU "
                     "imbalance) - drain it (playbooks/rolling.yml) and check its node; long prompts (prefill) at "
                     "normal concurrency - check the business side's input cap and re-run revive bench."),
-            },
-        })
+            }))
     return alerts
 
 
