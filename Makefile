@@ -31,7 +31,9 @@ venv: $(STAMP)
 fakenvml:
 	$(MAKE) -C lab/fakenvml
 
+# The lab wheelhouse first: the unit tests install the locks a node installs from it (offline, as a node does).
 unit: venv fakenvml
+	@$(ACT) bin/lab wheelhouse
 	$(ACT) python -m pytest -q -n auto --dist loadfile tests/unit
 
 lint: venv

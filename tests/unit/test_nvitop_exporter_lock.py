@@ -58,9 +58,18 @@ def wheelhouse_complete() -> bool:
                                                for pin in prepare.lock_requirements(LOCK.read_text()))
 
 
-needs_node_venv = pytest.mark.skipif(
-    node_python() is None or not wheelhouse_complete(),
-    reason="needs a Python 3.11/3.10 with venv and the lab wheelhouse with the lock's wheels (bin/lab wheelhouse)")
+@pytest.fixture(scope="module")
+def node_venv_python() -> str:
+    """The node-side Python, with the lab wheelhouse holding the lock's wheels: a check that needs them fails, never
+    skips, and says how to provide them."""
+    python = node_python()
+    if python is None:
+        pytest.fail("no Python 3.11/3.10 with venv and ensurepip for the node-side venv (Debian 12: apt-get install "
+                    "python3.11-venv, or pyenv install 3.10)")
+    if not wheelhouse_complete():
+        pytest.fail(f"the lab wheelhouse {prepare.WHEELHOUSE} lacks wheels of {LOCK.relative_to(REPO)}: run "
+                    "bin/lab wheelhouse (make unit and make test do)")
+    return python
 
 
 # --- the lock ---------------------------------------------------------------------------------------------------
@@ -191,12 +200,14 @@ def install_vars(tmp_path) -> dict:
             "monitoring_nvitop_exporter_pip_source": {"type": "wheelhouse", "wheelhouse": str(prepare.WHEELHOUSE)},
             "monitoring_nvitop_exporter_venv": str(tmp_path / "opt" / "nvitop-exporter"),
             "monitoring_nvitop_exporter_node_wheelhouse": str(tmp_path / "cache" / "wheelhouse"),
-            "monitoring_nvitop_exporter_python": node_python()}
+            "monitoring_nvitop_exporter_python": node_python() or "/usr/bin/python3.11"}
 
 
-@needs_node_venv
-@pytest.mark.skipif(os.geteuid() != 0, reason="the role's copies are owned by root")
-def test_the_role_builds_the_venv_from_the_lock_in_check_mode_then_for_real_then_unchanged(tmp_path, install_vars):
+def test_the_role_builds_the_venv_from_the_lock_in_check_mode_then_for_real_then_unchanged(tmp_path, install_vars,
+                                                                                          node_venv_python):
+    if os.geteuid() != 0:
+        pytest.fail("run the unit tests as root (CI does): the role's copies are owned by root")
+    install_vars["monitoring_nvitop_exporter_python"] = node_venv_python
     venv = Path(install_vars["monitoring_nvitop_exporter_venv"])
     code, results, stats = install_play(tmp_path, install_vars, "--check")
     build = "Build nvitop-exporter's venv (kept while its pins match; a half-built one is rebuilt)"
@@ -262,10 +273,10 @@ def unit_argv(tmp_path, venv: Path, port: int) -> list:
 
 
 @pytest.fixture(scope="module")
-def locked_venv(tmp_path_factory) -> Path:
+def locked_venv(tmp_path_factory, node_venv_python) -> Path:
     """The lock installed as a node installs it, offline from the lab wheelhouse."""
     venv = tmp_path_factory.mktemp("nvitop") / "venv"
-    subprocess.run([node_python(), "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([node_venv_python, "-m", "venv", str(venv)], check=True, timeout=120)
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--isolated", "--quiet", "--no-index",
                            "--find-links", str(prepare.WHEELHOUSE), "--require-hashes", "--only-binary", ":all:",
                            "--no-deps", "-r", str(LOCK)], capture_output=True, text=True, timeout=300)
@@ -289,11 +300,10 @@ def scrape(url: str, process: subprocess.Popen, deadline_s: float = 30) -> str:
         time.sleep(0.5)
 
 
-@needs_node_venv
 def test_the_units_command_line_serves_the_series_the_rules_read(tmp_path, locked_venv):
     fakenvml = REPO / "lab" / "fakenvml" / "libnvidia-ml.so.1"
     if not fakenvml.exists():
-        pytest.skip("build the fake NVML first: make fakenvml")
+        pytest.fail("build the fake NVML first: make fakenvml (make unit does)")
     port = free_port()
     argv = unit_argv(tmp_path, locked_venv, port)
     assert argv == [str(locked_venv / "bin" / "nvitop-exporter"), "--bind-address", "0.0.0.0", "--port", str(port),
