@@ -1,7 +1,8 @@
-"""Filters of the hand-over, the roll, the rollback, the front door, the bench and the probe's wheels: thin wiring
-over module_utils/revive_handover.py, module_utils/revive_lockfile.py, module_utils/revive_record/journal.py, module_utils/revive_frontdoor.py and
-module_utils/revive_bench/invocation.py and module_utils/revive_slo_gate.py, where the decisions live and are unit-tested (tests/unit/test_handover.py,
-test_frontdoor_servers.py, test_bench_invocation.py).
+"""Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels and the lab's
+time-scaled rules: thin wiring over module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py,
+revive_frontdoor.py, revive_bench/invocation.py, revive_slo_gate.py and revive_rule_scale.py, where the decisions live
+and are unit-tested (tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py,
+test_rule_scale.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -32,6 +33,18 @@ from ansible.module_utils.revive_frontdoor import frontdoor_servers  # noqa: E40
 from ansible.module_utils.revive_lockfile import locked_wheel_files  # noqa: E402
 from ansible.module_utils.revive_slo_gate import gate_concurrency  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
+from ansible.module_utils.revive_rule_scale import scale_rule_files  # noqa: E402
+
+
+def time_scaled_rules(texts, scale, scrape_interval, evaluation_interval):
+    """The monitoring role's rule files, {name: text}, time-scaled for the lab (module_utils/revive_rule_scale.py);
+    at scale 1 the texts themselves."""
+    from ansible.errors import AnsibleFilterError
+    from ansible.module_utils.revive_rule_scale import RuleScaleError
+    try:
+        return scale_rule_files(texts, scale, scrape_interval, evaluation_interval)
+    except RuleScaleError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 class FilterModule:
@@ -54,5 +67,6 @@ class FilterModule:
             "roll_summary": roll_summary,
             "served_model_name": served_model_name,
             "slo_gate_concurrency": gate_concurrency,
+            "time_scaled_rules": time_scaled_rules,
             "units_to_quote": units_to_quote,
         }

@@ -26,14 +26,17 @@ def ansible_env(repo, tmp_path) -> dict:
                 ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
 
 
-def play(repo, tmp_path, tasks: str, *flags: str, extra: dict | None = None, role_vars: bool = True):
-    """Run tasks on localhost with the role's defaults and vars loaded; the tasks' results (and the return code)."""
+def play(repo, tmp_path, tasks: str, *flags: str, extra: dict | None = None, role_vars: bool = True,
+         handlers: str = ""):
+    """Run tasks (and handlers) on localhost with the role's defaults and vars loaded; the tasks' results (and the
+    return code)."""
     vars_files = (f"    - {ROLE}/defaults/main.yml\n    - {ROLE}/vars/main.yml\n") if role_vars else ""
     path = tmp_path / "play.yml"
     path.write_text("- name: Monitoring\n  hosts: localhost\n  gather_facts: false\n"
                     + (f"  vars_files:\n{vars_files}" if vars_files else "")
                     + "  vars:\n    role_path: " + str(ROLE) + "\n  tasks:\n"
-                    + textwrap.indent(textwrap.dedent(tasks), "    "))
+                    + textwrap.indent(textwrap.dedent(tasks), "    ")
+                    + ("  handlers:\n" + textwrap.indent(textwrap.dedent(handlers), "    ") if handlers else ""))
     args = [os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(path), *flags]
     for key, value in (extra or {}).items():
         args += ["-e", json.dumps({key: value})]
@@ -204,6 +207,65 @@ def test_the_repositorys_rules_directory_is_the_default(repo, tmp_path):
             msg: "{{ monitoring_rules_dir | realpath }}"
         """)
     assert code == 0 and results["Rules dir"]["msg"] == str((repo / "monitoring" / "rules").resolve())
+
+
+RULE_TASKS = f"""\
+- name: Render
+  ansible.builtin.include_tasks: {ROLE}/tasks/rules_render.yml
+- name: Install
+  ansible.builtin.include_tasks: {ROLE}/tasks/rules_install.yml
+"""
+RELOAD = """\
+- name: Reload prometheus
+  ansible.builtin.debug:
+    msg: reload
+  listen: reload prometheus
+"""
+
+
+def install_rules(repo, tmp_path, *flags, **variables):
+    installed = tmp_path / "etc-rules"
+    code, results = play(repo, tmp_path, RULE_TASKS, *flags, handlers=RELOAD,
+                         extra={"monitoring_prometheus_rules_path": str(installed), **variables})
+    return code, results, installed
+
+
+def repository_rules(repo) -> dict:
+    return {p.name: p.read_text() for p in sorted((repo / "monitoring" / "rules").glob("*.yml"))
+            if not p.name.endswith("_test.yml")}
+
+
+def test_the_rules_are_installed_as_they_are_at_scale_1_and_a_second_run_changes_nothing(repo, tmp_path, promtool):
+    code, results, installed = install_rules(repo, tmp_path)
+    assert code == 0, results
+    assert {p.name: p.read_text() for p in installed.iterdir()} == repository_rules(repo)
+    assert "Reload prometheus" in results and "Say that the rules are time-scaled (lab only)" not in results \
+        or results["Say that the rules are time-scaled (lab only)"].get("skipped")
+    code, results, _ = install_rules(repo, tmp_path)
+    assert code == 0 and not any(r.get("changed") for r in results.values()), results
+    assert "Reload prometheus" not in results
+
+
+def test_the_lab_installs_time_scaled_rules_that_promtool_accepts_and_says_so(repo, tmp_path, promtool):
+    scaled = {"monitoring_rule_time_scale": 0.0167, "monitoring_scrape_interval": "2s",
+              "monitoring_evaluation_interval": "2s"}
+    code, results, installed = install_rules(repo, tmp_path, **scaled)
+    assert code == 0, results
+    assert "TIME-SCALED rules on localhost" in results["Say that the rules are time-scaled (lab only)"]["msg"]
+    texts = {p.name: p.read_text() for p in installed.iterdir()}
+    assert set(texts) == set(repository_rules(repo))
+    assert all(text.startswith("# TIME-SCALED for the lab") for text in texts.values())
+    assert "for: 30m" not in texts["gpu.yml"] and "[15m]" not in texts["gpu.yml"]
+    code, results, _ = install_rules(repo, tmp_path, **scaled)
+    assert code == 0 and not any(r.get("changed") for r in results.values()), results
+
+
+@pytest.mark.parametrize("scale", [0, -0.5, 2, "nan"])
+def test_a_scale_out_of_range_is_refused_before_any_rule_is_written(repo, tmp_path, scale):
+    code, results, installed = install_rules(repo, tmp_path, monitoring_rule_time_scale=scale)
+    assert code != 0 and not installed.exists()
+    failed = next(r for r in results.values() if r.get("failed"))
+    assert "monitoring_rule_time_scale" in failed["msg"] and "at most 1" in failed["msg"], failed
 
 
 # --- the module through Ansible ------------------------------------------------------------------------------
