@@ -217,6 +217,35 @@ def test_one_busy_gpu_shows_in_the_fake_nvml_utilisation(models, tmp_path):
         twin.stop()
 
 
+def e2e_seconds(twin) -> tuple:
+    """(sum, count) of the twin's E2E latency histogram."""
+    samples = {name: value for name, labels, value in
+               harness.iter_metrics(harness.request(twin, "GET", "/metrics")[2].decode())
+               if name in ("vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count")}
+    return samples["vllm:e2e_request_latency_seconds_sum"], samples["vllm:e2e_request_latency_seconds_count"]
+
+
+@pytest.mark.parametrize("clock", ["wall", "modelled"])
+def test_the_metrics_clock_observes_wall_or_modelled_seconds(models, tmp_path, clock):
+    """VLLM_SIM_METRICS_CLOCK: the E2E histogram holds the client's wall time (as vLLM) or that / the time scale."""
+    scale = 0.01
+    twin = start(models["20b"], ["--tensor-parallel-size", "4", "--dtype", "half", "--enforce-eager"] + IN_PROCESS,
+                 tmp_path, scale=scale, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7", "VLLM_SIM_METRICS_CLOCK": clock})
+    try:
+        started = time.monotonic()
+        result = harness.stream(twin, CHAT, body(300))
+        wall = time.monotonic() - started
+        assert result.status == 200 and result.events[-1] == "[DONE]"
+        total, count = e2e_seconds(twin)
+        assert count == 1
+        observed = total * (scale if clock == "modelled" else 1.0)  # back to wall seconds
+        assert 0.5 * wall < observed <= wall, (clock, total, wall)
+        assert json.loads(harness.request(twin, "GET", "/version")[2])["twin"]["metrics_clock"] == clock
+        assert ("latency histograms in modelled seconds" in twin.log()) == (clock == "modelled")
+    finally:
+        twin.stop()
+
+
 def test_decode_slowdown_warmup_and_drift_knobs_are_reported(models, tmp_path):
     env_file = tmp_path / "twin.env"
     env_file.write_text("# per-node faults\nVLLM_SIM_FAULT_DECODE_SLOWDOWN=2.5\nVLLM_SIM_FAULT_WARMUP_REQUESTS=1000\n"
@@ -294,6 +323,10 @@ def test_invalid_knob_values_stop_the_twin_with_a_message(models, tmp_path):
                  wait=False)
     assert twin.process.wait(30) == 2
     assert "VLLM_SIM_FAULT_ERROR_RATE='2': expected a fraction between 0 and 1" in twin.log()
+    clock = start(models["20b"], harness.FIELD_NOTES_FLAGS, tmp_path, env={"VLLM_SIM_METRICS_CLOCK": "fast"},
+                  wait=False)
+    assert clock.process.wait(30) == 2
+    assert "VLLM_SIM_METRICS_CLOCK='fast': expected wall or modelled" in clock.log()
 
 
 def test_stopping_before_draining_loses_the_open_streams_and_draining_first_loses_none(models, tmp_path):

@@ -269,11 +269,14 @@ class VllmMetrics:
     """The collectors of the release's Metrics class that its data lists, in the data's order."""
 
     def __init__(self, model_name: str, max_model_len: int, names: Sequence[str], era: str = "0.5.4",
-                 graph_sizes: Sequence[int] = ()):
+                 graph_sizes: Sequence[int] = (), duration_factor: float = 1.0):
+        """`duration_factor` multiplies every observed duration (Settings.metrics_duration_factor: 1, as vLLM,
+        or 1 / time scale for the lab's modelled clock)."""
         unknown = unknown_families(names, era)
         if unknown:
             raise ValueError(f"the twin does not simulate {', '.join(unknown)} (families of {era})")
         self.labels = {"model_name": model_name}
+        self.duration_factor = duration_factor
         self.era = era
         self.names = list(names)
         self.cache_config_info: Dict[str, str] = {}
@@ -327,17 +330,18 @@ class VllmMetrics:
                             ("vllm:generation_tokens_total", stats.num_generation_tokens),
                             ("vllm:tokens_total", step_tokens)):
             self._count(name, labels, value)
-        observed = [("vllm:iteration_tokens_total", [step_tokens]),
-                    ("vllm:time_to_first_token_seconds", stats.time_to_first_tokens),
-                    ("vllm:time_per_output_token_seconds", stats.time_per_output_tokens),
-                    ("vllm:e2e_request_latency_seconds", stats.e2e_latencies),
-                    ("vllm:request_queue_time_seconds", stats.queue_times),
-                    ("vllm:request_inference_time_seconds", stats.inference_times),
-                    ("vllm:request_prefill_time_seconds", stats.prefill_times),
-                    ("vllm:request_decode_time_seconds", stats.decode_times),
-                    ("vllm:time_in_queue_requests", stats.queue_times)]
-        for name, values in observed:
-            self._observe(name, values)
+        durations = [("vllm:time_to_first_token_seconds", stats.time_to_first_tokens),
+                     ("vllm:time_per_output_token_seconds", stats.time_per_output_tokens),
+                     ("vllm:e2e_request_latency_seconds", stats.e2e_latencies),
+                     ("vllm:request_queue_time_seconds", stats.queue_times),
+                     ("vllm:request_inference_time_seconds", stats.inference_times),
+                     ("vllm:request_prefill_time_seconds", stats.prefill_times),
+                     ("vllm:request_decode_time_seconds", stats.decode_times),
+                     ("vllm:time_in_queue_requests", stats.queue_times)]
+        self._observe("vllm:iteration_tokens_total", [step_tokens])
+        for name, values in durations:
+            self._observe(name, [value * self.duration_factor for value in values]
+                          if self.duration_factor != 1.0 else values)
         for reason in stats.finished_reasons:
             self._count("vllm:request_success_total", {**labels, "finished_reason": reason}, 1)
         requests = [("vllm:request_prompt_tokens", stats.request_prompt_tokens),

@@ -174,6 +174,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if release.behaviour.parser == "table" and not release.cli_complete:
         vlog.sim(f"the command line is built from a partial CLI table ({len(release.arguments)} arguments, "
                  "data/vllm-releases.yml cli.complete: false): other flags of the real release exit 2 here")
+    if settings.metrics_clock == "modelled":
+        vlog.sim(f"latency histograms in modelled seconds: elapsed wall time / {settings.time_scale} "
+                 "(VLLM_SIM_METRICS_CLOCK=modelled; vLLM observes wall time)")
     vlog.sim(f"time scale {settings.time_scale} (VLLM_SIM_TIME_SCALE), cold start over "
              f"{settings.effective_cold_start_requests()} requests x{settings.cold_start_factor}, "
              f"env file {settings.env_file or 'none'}, answers log-normal around {settings.answer_median:g} tokens "
@@ -279,7 +282,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     if not args.disable_log_stats:
         graph_sizes = [] if args.enforce_eager else perf.graph_batch_sizes(setup.engine_config.max_num_seqs)
         vllm_metrics = VllmMetrics(setup.served_model_names[0], setup.max_model_len, release.metrics,
-                                   release.behaviour.metrics_era, graph_sizes)
+                                   release.behaviour.metrics_era, graph_sizes, settings.metrics_duration_factor())
         vllm_metrics.set_cache_config(setup.cache_config_info)
     utilization = UtilizationReporter(settings.utilization_file, [g.nvml_index for g in setup.group],
                                       settings.busy_gpu_rank, settings.busy_gpu_extra_percent, vlog.sim)

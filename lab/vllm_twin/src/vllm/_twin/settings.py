@@ -34,6 +34,9 @@ class Settings:
     cold_start_factor: float = DEFAULT_COLD_START_FACTOR    # VLLM_SIM_COLD_START_FACTOR
     answer_median: float = ANSWER_LENGTH_MEDIAN  # VLLM_SIM_ANSWER_MEDIAN: tokens, EOS included
     utilization_file: str = "/run/fake-nvml/utilization.json"  # FAKE_NVML_UTILIZATION
+    # VLLM_SIM_METRICS_CLOCK: "wall" (as vLLM: the latency histograms observe elapsed wall seconds) or "modelled"
+    # (they observe modelled seconds, wall / time_scale, so a time-scaled lab's histograms read like the node's)
+    metrics_clock: str = "wall"
     # fault knobs (issue 8)
     warmup_requests: Optional[int] = None     # VLLM_SIM_FAULT_WARMUP_REQUESTS: cold start lasts this long
     latency_drift_per_minute: float = 0.0     # VLLM_SIM_FAULT_LATENCY_DRIFT
@@ -71,9 +74,14 @@ class Settings:
             "cold_start": {"requests": self.effective_cold_start_requests(), "factor": self.cold_start_factor},
             "answer_length": {"median": self.answer_median, "sigma": ANSWER_LENGTH_SIGMA},
             "utilization_file": self.utilization_file,
+            "metrics_clock": self.metrics_clock,
             "env_file": self.env_file,
             "faults": self.faults(),
         }
+
+    def metrics_duration_factor(self) -> float:
+        """What the latency histograms multiply an elapsed wall duration by (metrics_clock)."""
+        return 1.0 / self.time_scale if self.metrics_clock == "modelled" else 1.0
 
     def effective_cold_start_requests(self) -> int:
         return self.warmup_requests if self.warmup_requests is not None else self.cold_start_requests
@@ -89,6 +97,7 @@ _VARIABLES: List[Tuple[str, str, str]] = [
     ("VLLM_SIM_COLD_START_FACTOR", "cold_start_factor", "factor"),
     ("VLLM_SIM_ANSWER_MEDIAN", "answer_median", "answer_length"),
     ("FAKE_NVML_UTILIZATION", "utilization_file", "text"),
+    ("VLLM_SIM_METRICS_CLOCK", "metrics_clock", "clock"),
     ("VLLM_SIM_FAULT_WARMUP_REQUESTS", "warmup_requests", "non_negative_int"),
     ("VLLM_SIM_FAULT_LATENCY_DRIFT", "latency_drift_per_minute", "non_negative_float"),
     ("VLLM_SIM_FAULT_ERROR_RATE", "error_rate", "fraction"),
@@ -109,6 +118,10 @@ def _parse(variable: str, kind: str, raw: str):
     def fail(expected: str):
         raise SettingsError(f"{variable}={raw!r}: expected {expected}. Fix or unset it (lab/vllm_twin/README.md).")
     if kind == "text":
+        return raw
+    if kind == "clock":
+        if raw not in ("wall", "modelled"):
+            fail("wall or modelled")
         return raw
     try:
         if kind in ("int", "non_negative_int", "exit_code", "percent"):
