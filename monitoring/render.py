@@ -194,30 +194,35 @@ def burn_alert(sli: str, what: str, alert: str, severity: str, windows: Tuple[st
     }
 
 
+def burn_pairs(pairs, budget: float):
+    """Each (alert, severity, long window, short window, burn, for) of `pairs` with its ratio threshold (burn x
+    budget) and the share of the period's budget the long window spends."""
+    for alert, severity, long_window, short_window, burn, hold in pairs:
+        yield alert, severity, (long_window, short_window), burn, hold, round(burn * budget, 6), SPENT[long_window]
+
+
 def burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
     budget = 1 - signal_map.slo.objective
     slo = signal_map.slo
     alerts = []
-    for alert, severity, long_window, short_window, burn, hold in BURN_PAIRS:
-        threshold = round(burn * budget, 6)
-        spent = SPENT[long_window]
-        alerts.append(burn_alert("e2e", "E2E latency", alert, severity, (long_window, short_window), burn,
-                                 threshold, hold, {
-                "description": (
-                    f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s requests took longer than "
-                    f"{slo.e2e_bucket_le:g} s over both the last {long_window} and {short_window} "
-                    f"({{{{ $value | humanizePercentage }}}} over {long_window}). The SLO is P95 E2E <= "
-                    f"{slo.e2e_p95_seconds:g} s, a {budget * 100:g} % budget; at {burn:g}x the period's budget "
-                    f"loses {spent} in {long_window}. The SLI edge is le=\"{e2e_le(signal_map)}\" (no {slo.e2e_p95_seconds:g} s "
-                    "edge exists), so this fires only on a real breach."),
-                "runbook": (
-                    "Look at the dashboard's waiting queue and KV usage per replica first: a growing "
-                    "vllm:num_requests_waiting means the scheduler queue is the latency source (field notes) - lower "
-                    "the front door's per-server maxconn to the bench's recommended concurrency "
-                    "(playbooks/benchmark.yml with benchmark_apply) or add a replica; one slow replica "
-                    "(GPU imbalance, preemptions) - drain it (playbooks/rolling.yml) and check its node; all replicas "
-                    "slow at normal load - re-run revive bench to see whether the release or the model changed."),
-            }))
+    for alert, severity, windows, burn, hold, threshold, spent in burn_pairs(BURN_PAIRS, budget):
+        long_window, short_window = windows
+        description = (
+            f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s requests took longer than "
+            f"{slo.e2e_bucket_le:g} s over both the last {long_window} and {short_window} "
+            f"({{{{ $value | humanizePercentage }}}} over {long_window}). The SLO is P95 E2E <= "
+            f"{slo.e2e_p95_seconds:g} s, a {budget * 100:g} % budget; at {burn:g}x the period's budget "
+            f"loses {spent} in {long_window}. The SLI edge is le=\"{e2e_le(signal_map)}\" (no "
+            f"{slo.e2e_p95_seconds:g} s edge exists), so this fires only on a real breach.")
+        runbook = (
+            "Look at the dashboard's waiting queue and KV usage per replica first: a growing "
+            "vllm:num_requests_waiting means the scheduler queue is the latency source (field notes) - lower "
+            "the front door's per-server maxconn to the bench's recommended concurrency "
+            "(playbooks/benchmark.yml with benchmark_apply) or add a replica; one slow replica "
+            "(GPU imbalance, preemptions) - drain it (playbooks/rolling.yml) and check its node; all replicas "
+            "slow at normal load - re-run revive bench to see whether the release or the model changed.")
+        alerts.append(burn_alert("e2e", "E2E latency", alert, severity, windows, burn, threshold, hold,
+                                 {"description": description, "runbook": runbook}))
     return alerts + ttft_burn_alerts(signal_map)
 
 
@@ -228,32 +233,30 @@ def ttft_burn_alerts(signal_map: SignalMap) -> List[Dict[str, Any]]:
     slo, ttft = signal_map.slo, signal_map.slo.ttft
     derivation = (f"{slo.e2e_p95_seconds:g} s - {ttft.output_tokens} tokens / ({ttft.production_throughput_tok_s:g} "
                   f"tok/s / {ttft.production_concurrency} streams) = {ttft.bound_seconds:.3g} s")
+    runbook = (
+        "Look at the dashboard's waiting queue per replica and the front door queue: a growing "
+        "vllm:num_requests_waiting means the scheduler queue is the TTFT source (field notes: P50 TTFT "
+        "nearly doubles from concurrency 16 to 32) - lower the front door's per-server maxconn to the "
+        "bench's recommended concurrency (playbooks/benchmark.yml with benchmark_apply) or add a replica before "
+        "the E2E SLO burns; one replica slow to first token (preemptions, KV usage near full, GPU "
+        "imbalance) - drain it (playbooks/rolling.yml) and check its node; long prompts (prefill) at "
+        "normal concurrency - check the business side's input cap and re-run revive bench.")
     alerts = []
-    for alert, severity, long_window, short_window, burn, hold in TTFT_BURN_PAIRS:
-        threshold = round(burn * budget, 6)
-        spent = SPENT[long_window]
-        alerts.append(burn_alert("ttft", "TTFT", alert, severity, (long_window, short_window), burn,
-                                 threshold, hold, {
-                "description": (
-                    f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s first tokens took longer "
-                    f"than {ttft.bucket_le:g} s over both the last {long_window} and {short_window} "
-                    f"({{{{ $value | humanizePercentage }}}} over {long_window}); at {burn:g}x a {budget * 100:g} % "
-                    f"budget loses {spent} in {long_window}. The TTFT bound is derived from the E2E SLO (P95 <= "
-                    f"{slo.e2e_p95_seconds:g} s for {ttft.output_tokens} tokens): the first-token time a full-length "
-                    f"answer can take and still finish in time at the production level's per-stream speed "
-                    f"(field calibration, concurrency {ttft.production_concurrency}), {derivation}; the SLI edge is "
-                    f"le=\"{ttft_le(signal_map)}\", the first TTFT bucket edge at or above it in every era (first "
-                    f"tokens between {ttft.bound_seconds:.3g} s and {ttft.bucket_le:g} s count as good). A ticket: "
-                    "E2E pages; this is the leading sign of a growing scheduler queue."),
-                "runbook": (
-                    "Look at the dashboard's waiting queue per replica and the front door queue: a growing "
-                    "vllm:num_requests_waiting means the scheduler queue is the TTFT source (field notes: P50 TTFT "
-                    "nearly doubles from concurrency 16 to 32) - lower the front door's per-server maxconn to the "
-                    "bench's recommended concurrency (playbooks/benchmark.yml with benchmark_apply) or add a replica before "
-                    "the E2E SLO burns; one replica slow to first token (preemptions, KV usage near full, GPU "
-                    "imbalance) - drain it (playbooks/rolling.yml) and check its node; long prompts (prefill) at "
-                    "normal concurrency - check the business side's input cap and re-run revive bench."),
-            }))
+    for alert, severity, windows, burn, hold, threshold, spent in burn_pairs(TTFT_BURN_PAIRS, budget):
+        long_window, short_window = windows
+        description = (
+            f"More than {threshold * 100:.3g} % of {{{{ $labels.model_name }}}}'s first tokens took longer "
+            f"than {ttft.bucket_le:g} s over both the last {long_window} and {short_window} "
+            f"({{{{ $value | humanizePercentage }}}} over {long_window}); at {burn:g}x a {budget * 100:g} % "
+            f"budget loses {spent} in {long_window}. The TTFT bound is derived from the E2E SLO (P95 <= "
+            f"{slo.e2e_p95_seconds:g} s for {ttft.output_tokens} tokens): the first-token time a full-length "
+            f"answer can take and still finish in time at the production level's per-stream speed "
+            f"(field calibration, concurrency {ttft.production_concurrency}), {derivation}; the SLI edge is "
+            f"le=\"{ttft_le(signal_map)}\", the first TTFT bucket edge at or above it in every era (first "
+            f"tokens between {ttft.bound_seconds:.3g} s and {ttft.bucket_le:g} s count as good). A ticket: "
+            "E2E pages; this is the leading sign of a growing scheduler queue.")
+        alerts.append(burn_alert("ttft", "TTFT", alert, severity, windows, burn, threshold, hold,
+                                 {"description": description, "runbook": runbook}))
     return alerts
 
 
