@@ -120,6 +120,16 @@ options:
     suboptions:
       type: {description: C(index), C(mirror) or C(wheelhouse)., type: str, default: index, choices: [index, mirror, wheelhouse]}
       index_url: {description: The index or mirror's simple API URL., type: str, default: "https://pypi.org/simple"}
+  group:
+    description:
+      - The nodes that serve the model together (issue 16). One node (the default) is the single-node plan; more
+        are planned with TP inside a node and PP across nodes, the fewest nodes that hold the weights and the
+        workload's KV (C(module_utils/revive_plan/pipeline.py)); the release must pipeline the architecture.
+    type: dict
+    default: {}
+    suboptions:
+      nodes: {description: Identical GPU nodes in the group; 1 to 64., type: int, default: 1}
+      link_gbit: {description: Gbit/s between the group's nodes (the stage-to-stage sends); above 0 to 10000., type: float, default: 25}
   fail_on_refusal:
     description: Fail the task on a refusal; when false, return C(refused=true) and the reason so the play can quarantine the host.
     type: bool
@@ -215,6 +225,8 @@ release:
       elements: dict
       sample: [{index: 0, name: vllm-0, port: 8000, gpus: [0, 1, 2, 3], cuda_visible_devices: "0,1,2,3", tensor_parallel_size: 4, socket: 0, numa_node: 0, cpu_list: "0-19,40-59", streams: 16, args: [], env: {}}]
     tensor_parallel_size: {description: TP size of every replica., type: int}
+    pipeline_parallel_size: {description: "Pipeline stages of the replica, one per node: 1 on one node, N when one replica spans N nodes of the group (Ray).", type: int}
+    nodes: {description: Nodes the replica runs on (equal to pipeline_parallel_size)., type: int}
     settings: {description: "Resolved dtype, gpu_memory_utilization, max_model_len, max_num_seqs, max_num_batched_tokens, swap_space, enforce_eager, block_size.", type: dict}
     kv_cache: {description: "vLLM's KV sizing per GPU worker: bytes_per_block, num_gpu_blocks, num_cpu_blocks, tokens, max_concurrency_at_max_model_len, max_concurrency_at_typical_len, budget and its terms, log_line.", type: dict}
     layout: {description: The chosen layout and every candidate with its prediction or why it was not possible., type: dict}
@@ -228,6 +240,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.revive_plan import (
     BOUNDS,
     PUBLIC_INDEX,
+    NodeGroup,
     Overrides,
     PackageSource,
     PlanError,
@@ -264,6 +277,11 @@ SERVE_SPEC = {
     "base_port": {"type": "int", "default": 8000},
 }
 
+GROUP_SPEC = {
+    "nodes": {"type": "int", "default": 1},
+    "link_gbit": {"type": "float", "default": 25.0},
+}
+
 SOURCE_SPEC = {
     "type": {"type": "str", "default": "index", "choices": ["index", "mirror", "wheelhouse"]},
     "index_url": {"type": "str", "default": PUBLIC_INDEX},
@@ -281,6 +299,7 @@ def main() -> None:
             "serve": {"type": "dict", "default": {}, "options": SERVE_SPEC},
             "host_ram_mb": {"type": "int"},
             "package_source": {"type": "dict", "default": {}, "options": SOURCE_SPEC},
+            "group": {"type": "dict", "default": {}, "options": GROUP_SPEC},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -296,7 +315,7 @@ def main() -> None:
         BOUNDS["host_ram_mb"].check("host_ram_mb", params["host_ram_mb"])
         host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
         request = (Workload(**params["workload"]), Overrides(**params["overrides"]), Serve(**params["serve"]),
-                   host_ram, PackageSource(**params["package_source"]))
+                   host_ram, PackageSource(**params["package_source"]), NodeGroup(**params["group"]))
         release = plan(params["gpu"], params["model"], releases, *request).as_dict()
     except PlanInputError as exc:
         module.fail_json(msg=f"vllm_plan: {exc}", refused=False, input=exc.field)

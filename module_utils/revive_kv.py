@@ -165,9 +165,11 @@ def kv_heads_per_gpu(model: Dict[str, Any], tensor_parallel_size: int) -> int:
 
 
 def cache_block_size_bytes(model: Dict[str, Any], tensor_parallel_size: int = 1, block_size: int = 16,
-                           cache_dtype: str = "half", pipeline_parallel_size: int = 1) -> int:
-    """`CacheEngine.get_cache_block_size` (docs/facts/vllm-volta.md §3.3): bytes of one block on one GPU."""
-    layers = int(model["num_hidden_layers"]) // pipeline_parallel_size
+                           cache_dtype: str = "half", pipeline_parallel_size: int = 1,
+                           stage_layers: Optional[int] = None) -> int:
+    """`CacheEngine.get_cache_block_size` (docs/facts/vllm-volta.md §3.3): bytes of one block on one GPU; the
+    layers are the stage's (`stage_layers`, else an even share; 0.5.4 puts the remainder on the last stage)."""
+    layers = stage_layers if stage_layers is not None else int(model["num_hidden_layers"]) // pipeline_parallel_size
     heads = kv_heads_per_gpu(model, tensor_parallel_size)
     return block_size * heads * int(model["head_dim"]) * layers * 2 * DTYPE_BYTES[cache_dtype]
 
@@ -282,13 +284,15 @@ def kv_cache_plan(
     pipeline_parallel_size: int = 1,
     weights_bytes_per_gpu: Optional[int] = None,
     gpu_used_by_others_bytes: int = 0,
+    stage_layers: Optional[int] = None,
 ) -> KvEstimate:
     """Estimate vLLM's KV cache for one worker of a replica (see the module docstring for the model).
 
     gpu_total_bytes: total memory of one GPU as CUDA reports it. dtype: the serving dtype (--dtype).
     max_model_len: defaults to the model's derived length. weights_bytes_per_gpu: override the weights
     (e.g. vLLM's logged "Loading model weights took" value). gpu_used_by_others_bytes: memory other
-    processes hold; only the 0.6.4 formula subtracts it (its budget is global).
+    processes hold; only the 0.6.4 formula subtracts it (its budget is global). stage_layers: the layers of the
+    pipeline stage estimated (the engine keeps the fewest blocks of any stage, so the planner passes the largest).
     """
     sizing = sizing or sizing_for_release(release, engine)
     if sizing not in SIZING_FAMILIES:
@@ -300,7 +304,7 @@ def kv_cache_plan(
     if max_num_batched_tokens is None:
         max_num_batched_tokens = default_max_num_batched_tokens(max_model_len, sizing, chunked, gpu_total_bytes)
     bytes_per_block = cache_block_size_bytes(model, tensor_parallel_size, block_size, cache_dtype,
-                                             pipeline_parallel_size)
+                                             pipeline_parallel_size, stage_layers)
     weights = (weights_bytes_per_gpu if weights_bytes_per_gpu is not None
                else weights_per_gpu_bytes(model, tensor_parallel_size * pipeline_parallel_size, dtype))
     forward = forward_activation_bytes(model, max_num_batched_tokens, tensor_parallel_size, dtype, sizing)

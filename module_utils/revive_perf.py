@@ -39,6 +39,18 @@ O output tokens:
     TTFT p50    = step_eff(b) + TTFT_QUEUE_FACTOR x b x prefill(P)
     e2e p95     = TTFT p50 + P95_OUTPUT_FRACTION x O x step_eff(b)    (P95 response = 90 % of max_tokens)
 
+Across nodes (issue 16), `pipeline_loop`: one replica of S stages, TP ranks inside each node, the stages linked
+by the node network. 0.5.4 runs one scheduler (virtual engine) per stage, so S micro-batches of b = ceil(streams /
+S) sequences are in flight, each stage busy with a different one; a token of one stream passes every stage:
+
+    stage(b)    = step(b) of the stage's layers and weights (the same terms as above)
+    hop(m)      = NODE_HOP_S + m tokens x 2 x hidden x 2 B / link bandwidth   hidden + residual per token
+                  (v0.5.4 llama.py:331-334), sent stage to stage (send-allgather: each TP rank sends 1/TP)
+    token(b)    = S x stage(b) + (S - 1) x hop(b)
+    prefill(P)  = S x stage prefill(P) + (S - 1) x hop(P) + CPU_PREFILL_TOKEN_S x P
+    step_eff(b) = token(b) + b x prefill(P) / O, and per stream, TTFT and e2e as above; throughput =
+                  streams / step_eff(b): fewer streams than stages leave stages idle (the pipeline bubble)
+
 The closed form leaves out what only matters step by step: the bandwidth part of decode all-reduces (below
 the protocol switch), flops against weights in decode, prefill attention, swapping.
 
@@ -334,6 +346,13 @@ class Prediction:
     ttft_p50_s: float
     e2e_p95_s: float
     allreduce_latency_us: float
+    pipeline_stages: int = 1
+    stage_hop_ms: float = 0.0
+
+
+# One stage-to-stage send over the node network (NCCL over sockets plus the Ray RPC of the next step's request,
+# v0.5.4 ray_gpu_executor.py:479-508): a TCP round trip's order, not measured on hardware.
+NODE_HOP_S = 200e-6
 
 
 def closed_loop(model: ModelShape, spec: GpuSpec, tensor_parallel_size: int, transport: str, crosses_socket: bool,
@@ -360,3 +379,41 @@ def closed_loop(model: ModelShape, spec: GpuSpec, tensor_parallel_size: int, tra
                       per_stream_tok_s=round(1.0 / step_eff, 1), throughput_tok_s=round(b / step_eff, 1),
                       ttft_p50_s=round(ttft, 2), e2e_p95_s=round(e2e, 2),
                       allreduce_latency_us=round(latency * 1e6, 1))
+
+
+def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, transport: str,
+                  crosses_socket: bool, streams: int, prompt_tokens: int, output_tokens: int, eager: bool,
+                  stages: int, link_bytes_per_s: float) -> Prediction:
+    """The closed form of the module docstring for one replica of `stages` pipeline stages across nodes, `stage`
+    being the largest stage's shape (its layers, weights and KV bytes per token)."""
+    if stages < 1 or link_bytes_per_s <= 0:
+        raise ValueError(f"stages {stages} and link bandwidth {link_bytes_per_s} must be positive")
+    tp, layers, hidden = tensor_parallel_size, stage.num_layers, stage.hidden_size
+    if tp > 1:
+        latency = allreduce_latency(transport, tp, crosses_socket)
+        bus = prompt_bandwidth(transport)
+        ring = ring_factor(tp)
+    else:
+        latency, bus, ring = 0.0, 1.0, 0.0
+    b = max(-(-max(streams, 1) // stages), 1)
+    context = prompt_tokens + output_tokens / 2
+    stage_step = (cpu_seconds(b, 0, tp) + weight_read_seconds(stage.weight_bytes, tp, spec)
+                  + launch_seconds(layers, not eager) + 2 * layers * latency
+                  + kv_read_seconds(b * context, stage.kv_bytes_per_token, tp, spec))
+    activation = 2 * hidden * 2
+
+    def hop(tokens: float) -> float:
+        return NODE_HOP_S + tokens * activation / link_bytes_per_s
+
+    token = stages * stage_step + (stages - 1) * hop(b)
+    stage_prefill = (gemm_seconds(stage.parameter_count, prompt_tokens, tp, spec)
+                     + 2 * layers * ring * prompt_tokens * hidden * 2 / bus)
+    prefill = stages * stage_prefill + (stages - 1) * hop(prompt_tokens) + CPU_PREFILL_TOKEN_S * prompt_tokens
+    step_eff = token + b * prefill / output_tokens
+    ttft = step_eff + TTFT_QUEUE_FACTOR * b * prefill
+    e2e = ttft + P95_OUTPUT_FRACTION * output_tokens * step_eff
+    return Prediction(step_ms=round(step_eff * 1000, 2), prefill_ms=round(prefill * 1000, 1),
+                      per_stream_tok_s=round(1.0 / step_eff, 1), throughput_tok_s=round(streams / step_eff, 1),
+                      ttft_p50_s=round(ttft, 2), e2e_p95_s=round(e2e, 2),
+                      allreduce_latency_us=round(latency * 1e6, 1), pipeline_stages=stages,
+                      stage_hop_ms=round(hop(b) * 1000, 3) if stages > 1 else 0.0)

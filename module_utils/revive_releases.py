@@ -342,6 +342,7 @@ def _load_release(version: str, entry: Any) -> Release:
                 "request_logging_default", "cuda_graphs_in_budget", "xformers_logit_softcapping"):
         _require(entry, key, bool, where)
     _require(entry, "swap_space_type", str, where)
+    _check_pipeline_parallel(entry.get("pipeline_parallel"), f"{where}.pipeline_parallel")
     _require(entry, "swap_space_limits", dict, where)
     _require(entry, "custom_all_reduce", dict, where)
     _require(entry, "paged_attention_head_sizes", list, where)
@@ -384,6 +385,23 @@ def _load_release(version: str, entry: Any) -> Release:
         quantization_min_cc=dict(quant), entrypoint=tuple(entrypoint), cli_complete=complete,
         arguments=arguments, metrics=tuple(metrics), raw=entry, installability=installability,
         kernels=kernels, engine_oracle=engine_oracle, known_issues=tuple(known_issues))
+
+
+def _check_pipeline_parallel(data: Any, where: str) -> None:
+    """The optional pipeline_parallel entry: the architectures the release pipelines, vLLM's refusal text (with
+    {architectures}), its source and the executor across nodes. A release without it is planned on one node only."""
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ReleaseDataError(f"{where}: expected a mapping with architectures, refusal, source, executor")
+    architectures = _require(data, "architectures", list, where)
+    if not architectures or not all(isinstance(a, str) and a for a in architectures):
+        raise ReleaseDataError(f"{where}.architectures: expected a non-empty list of architecture names")
+    if "{architectures}" not in _require(data, "refusal", str, where):
+        raise ReleaseDataError(f"{where}.refusal: must contain {{architectures}} (where vLLM prints its list)")
+    _require(data, "source", str, where)
+    if _require(data, "executor", str, where) != "ray":
+        raise ReleaseDataError(f"{where}.executor: only ray serves across nodes (docs/facts/multi-node.md §1)")
 
 
 def _check_engine_oracle(entry: Dict[str, Any], engine_by_cc: Dict[str, str], where: str) -> Optional[str]:

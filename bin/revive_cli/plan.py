@@ -40,7 +40,7 @@ from ansible.module_utils.revive_plan import (
     Workload,
     synthetic_gpu_facts,
 )
-from ansible.module_utils.revive_plan.inputs import GPU_INDEX, check_gpu_indices
+from ansible.module_utils.revive_plan.inputs import GPU_INDEX, NodeGroup, check_gpu_indices
 from ansible.module_utils.revive_plan import plan_release as run_planner
 from ansible.module_utils.revive_releases import ReleaseDataError, load_release_file
 
@@ -51,7 +51,8 @@ SYNTHETIC_MAX_GPUS = GPU_INDEX.high + 1
 PROBE_TIMEOUT_S = 120
 # The planner's inputs (module_utils/revive_plan/inputs.py BOUNDS) whose option here is not their name dashed.
 RENAMED_OPTIONS = {"workload.slo_p95_e2e_s": "--slo-p95-s", "workload.slo_output_tokens": "--output-tokens",
-                   "workload.typical_prompt_tokens": "--prompt-tokens", "package_source.type": "--source"}
+                   "workload.typical_prompt_tokens": "--prompt-tokens", "package_source.type": "--source",
+                   "group.link_gbit": "--node-link-gbit"}
 
 
 def option_for(path: str) -> str:
@@ -162,6 +163,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--host-ram-gib", type=bounded("host_ram_gib"),
                         help="host RAM (default: the lab profile's, else unknown; 0: unknown)")
     parser.add_argument("--exclude-gpus", type=gpu_indices, default=[], help="comma-separated GPU indices to leave out")
+    parser.add_argument("--nodes", type=bounded("group.nodes"), default=1,
+                        help="identical nodes of --gpus serving the model together (default 1; more: TP inside a "
+                             "node, PP across nodes, the fewest nodes that hold the model)")
+    parser.add_argument("--node-link-gbit", type=bounded("group.link_gbit"), default=25.0,
+                        help="Gbit/s between those nodes (default 25)")
     parser.add_argument("--model-path", help="model path as the server sees it (default --model's directory)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--no-bf16-conversion", action="store_true", help="refuse BF16 weights on GPUs without BF16")
@@ -195,6 +201,7 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         Serve(model_path=args.model_path or model_dir, served_model_name=args.served_model_name),
         int(ram_gib * GiB) if ram_gib else None,
         PackageSource(type=args.source, index_url=args.index_url),
+        NodeGroup(nodes=args.nodes, link_gbit=args.node_link_gbit),
     )
     return result, origin
 
@@ -213,7 +220,9 @@ def human(result: Dict[str, Any], origin: str) -> str:
         "",
         f"Release  vLLM {result['vllm_version']} (" + ", ".join(f"{k} {v}" for k, v in pins.items() if k != "vllm")
         + f"); engine {result['engine']}, attention {result['attention_backend']}",
-        f"Layout   {len(result['replicas'])} replica(s) x TP {result['tensor_parallel_size']}",
+        f"Layout   {len(result['replicas'])} replica(s) x TP {result['tensor_parallel_size']}"
+        + (f" x PP {result['pipeline_parallel_size']} across {result['nodes']} nodes (each node: the GPUs below)"
+           if result["pipeline_parallel_size"] > 1 else ""),
     ]
     for replica in result["replicas"]:
         where = f"socket {replica['socket']}, CPUs {replica['cpu_list']}" if replica["cpu_list"] else "no CPU pinning"
@@ -244,7 +253,9 @@ def human(result: Dict[str, Any], origin: str) -> str:
         f"(p95 e2e target {result['workload']['slo_p95_e2e_s']:g} s):",
     ]
     for candidate in result["layout"]["candidates"]:
-        head = f"  {candidate['replicas']}x TP{candidate['tensor_parallel_size']}"
+        head = f"  {candidate['replicas']}x TP{candidate['tensor_parallel_size']}" + (
+            f" x PP{candidate['pipeline_parallel_size']} (layers {candidate['stage_layers']})"
+            if "pipeline_parallel_size" in candidate else "")
         if candidate["feasible"]:
             p = candidate["predicted"]
             lines.append(f"{head}: {candidate['total_throughput_tok_s']:.0f} tok/s, {p['per_stream_tok_s']:g} "

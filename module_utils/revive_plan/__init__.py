@@ -13,7 +13,8 @@ Volta), "data" = data/vllm-releases.yml.
 Package layout: inputs.py (workload, overrides, serving, package source, decisions, refusals), gpus.py (the
 GPU set from facts or a synthetic spec), rules.py (release, dtype, quantization, context, engine flags, swap),
 layout.py (TP groups, NCCL transport, candidates and the choice, through module_utils/revive_perf.py's
-performance model), plan.py (the Plan and its rendering); this file runs them in order.
+performance model), pipeline.py (a group of nodes: TP inside a node, PP across nodes), plan.py (the Plan and its
+rendering); this file runs them in order.
 
 Rules (each has a test in tests/unit/test_plan*.py):
 
@@ -56,6 +57,7 @@ from ansible.module_utils.revive_plan.inputs import (  # noqa: F401 - re-exporte
     PUBLIC_INDEX,
     BOUNDS,
     Decisions,
+    NodeGroup,
     Overrides,
     PackageSource,
     PlanError,
@@ -67,6 +69,7 @@ from ansible.module_utils.revive_plan.inputs import (  # noqa: F401 - re-exporte
     check_against_gpus,
 )
 from ansible.module_utils.revive_plan.layout import choose_layout
+from ansible.module_utils.revive_plan.pipeline import choose_pipeline
 from ansible.module_utils.revive_plan.plan import Plan, build_plan
 from ansible.module_utils.revive_plan.rules import engine_settings
 from ansible.module_utils.revive_releases import ReleaseData
@@ -81,10 +84,13 @@ def plan(
     serve: Optional[Serve] = None,
     host_ram_bytes: Optional[int] = None,
     source: Optional[PackageSource] = None,
+    group: Optional[NodeGroup] = None,
 ) -> Plan:
-    """Plan a release (see the module docstring); raises PlanInputError, PlanRefusal or PlanError."""
+    """Plan a release (see the module docstring); raises PlanInputError, PlanRefusal or PlanError. `group`: the
+    nodes that serve the model together (more than one: TP inside a node, PP across them, pipeline.py)."""
     request = PlanRequest(workload=workload or Workload(), overrides=overrides or Overrides(), serve=serve or Serve(),
-                          host_ram_bytes=host_ram_bytes, source=source or PackageSource())
+                          host_ram_bytes=host_ram_bytes, source=source or PackageSource(),
+                          group=group or NodeGroup())
     decisions = Decisions()
     if gpu_facts.get("simulated"):
         origin = next(iter(gpu_facts.get("notes") or []), "lab or synthetic facts")
@@ -93,7 +99,13 @@ def plan(
     check_against_gpus(request.overrides, [int(d["index"]) for d in gpu_facts.get("devices", [])])
     gpus = gpu_set_from_facts(gpu_facts, request.overrides.exclude_gpus, decisions)
     settings = engine_settings(model, gpus, releases, request, decisions)
-    layout = choose_layout(model, gpus, settings, request.workload, request.overrides, decisions)
+    layout = None
+    if request.group.nodes > 1:
+        layout = choose_pipeline(model, gpus, settings, request.workload, request.overrides, request.group, decisions)
+        if layout.chosen.pipeline_parallel_size == 1:
+            layout = None  # one node holds it: the single-node layouts compete as for any node
+    if layout is None:
+        layout = choose_layout(model, gpus, settings, request.workload, request.overrides, decisions)
     return build_plan(model, gpus, settings, layout, request, decisions)
 
 

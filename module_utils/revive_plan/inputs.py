@@ -99,6 +99,8 @@ BOUNDS: Dict[str, Bound] = {
     "overrides.max_num_batched_tokens": Bound(int, 1, optional=True, unset=0),
     "overrides.swap_space": Bound(float, 0, high=2 ** 20, optional=True, why="GiB per GPU"),
     "serve.base_port": Bound(int, 1, high=65535, why="a TCP port; replica N listens on base_port + N"),
+    "group.nodes": Bound(int, 1, high=64, why="identical GPU nodes that serve one model together"),
+    "group.link_gbit": Bound(float, 0, high=10 ** 4, low_open=True, why="Gbit/s between the group's nodes"),
     "host_ram_bytes": Bound(int, 1, high=2 ** 62, optional=True),
     # The front ends' own units for host RAM (bin/revive plan, library/vllm_plan.py); 0 is "unknown", as before.
     "host_ram_gib": Bound(float, 0, high=2 ** 32, optional=True, unset=0, unset_means="unknown"),
@@ -220,6 +222,22 @@ class Serve:
             raise PlanInputError("serve.host", self.host, "an address to bind", "set an address, e.g. 0.0.0.0")
 
 
+@dataclass
+class NodeGroup:
+    """The nodes that serve one model together (issue 16): `nodes` members with the same GPUs, linked at
+    `link_gbit`. One node is a single-node plan; more are planned TP inside a node, PP across nodes."""
+
+    nodes: int = 1
+    link_gbit: float = 25.0
+
+    def __post_init__(self) -> None:
+        check_bounds("group", self)
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.link_gbit * 1e9 / 8
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """Everything the operator asks of one plan besides the GPU and model facts and the release data."""
@@ -229,6 +247,7 @@ class PlanRequest:
     serve: Serve
     host_ram_bytes: Optional[int]
     source: PackageSource
+    group: NodeGroup = field(default_factory=NodeGroup)
 
     def __post_init__(self) -> None:
         BOUNDS["host_ram_bytes"].check("host_ram_bytes", self.host_ram_bytes)

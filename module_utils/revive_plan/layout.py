@@ -10,7 +10,7 @@ the SLO wins, and within TIE_MARGIN the layout with fewer replicas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.revive_kv import GiB, KvEstimate, kv_bytes_per_token, kv_cache_plan
@@ -131,10 +131,15 @@ class Candidate:
     concurrency: int = 0
     meets_slo: bool = False
     kv_holds_streams: bool = False
+    pipeline_parallel_size: int = 1     # stages, one per node (module_utils/revive_plan/pipeline.py)
+    stage_layers: List[int] = field(default_factory=list)
 
     def summary(self) -> Dict[str, Any]:
         data: Dict[str, Any] = {"tensor_parallel_size": self.tensor_parallel_size, "replicas": len(self.groups),
                                 "groups": self.groups, "feasible": self.feasible}
+        if self.pipeline_parallel_size > 1 or self.stage_layers:
+            data.update({"pipeline_parallel_size": self.pipeline_parallel_size, "nodes": self.pipeline_parallel_size,
+                         "stage_layers": self.stage_layers})
         if not self.feasible:
             data["why_not"] = self.why_not
             return data
@@ -148,6 +153,8 @@ class Candidate:
         """Total tok/s: every stream decodes at the per-stream speed; replicas beyond the streams idle."""
         if not self.prediction:
             return 0.0
+        if self.pipeline_parallel_size > 1:
+            return self.prediction.throughput_tok_s
         return self.prediction.per_stream_tok_s * min(self.concurrency, self.streams_per_replica * len(self.groups))
 
 

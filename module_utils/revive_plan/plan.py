@@ -23,6 +23,7 @@ from ansible.module_utils.revive_plan.layout import (
     layout_reason,
     nccl_env,
 )
+from ansible.module_utils.revive_plan.pipeline import pipeline_reason
 from ansible.module_utils.revive_plan.rules import EngineSettings, swap_space_for
 from ansible.module_utils.revive_topology import format_cpu_list
 
@@ -120,6 +121,7 @@ class Plan:
     entrypoint: List[str]
     replicas: List[Replica]
     tensor_parallel_size: int
+    pipeline_parallel_size: int
     settings: ServerSettings
     kv_cache: KvCacheSummary
     chosen_groups: List[List[int]]
@@ -144,10 +146,14 @@ class Plan:
             "env": replicas[0]["env"],
             "replicas": replicas,
             "tensor_parallel_size": self.tensor_parallel_size,
+            # stages across nodes: 1 on one node; N > 1 = one replica on N nodes of the group (Ray)
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "nodes": self.pipeline_parallel_size,
             "settings": dataclasses.asdict(self.settings),
             "kv_cache": dataclasses.asdict(self.kv_cache),
-            "layout": {"chosen": {"tensor_parallel_size": self.tensor_parallel_size, "replicas": len(self.replicas),
-                                  "groups": self.chosen_groups},
+            "layout": {"chosen": {"tensor_parallel_size": self.tensor_parallel_size,
+                                  "pipeline_parallel_size": self.pipeline_parallel_size,
+                                  "replicas": len(self.replicas), "groups": self.chosen_groups},
                        "candidates": self.candidates,
                        "cost_model": COST_MODEL},
             "workload": dict(self.workload),
@@ -200,6 +206,13 @@ def _server_flags(model: Dict[str, Any], chosen: Candidate, settings: EngineSett
                         "--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}",
                         "--max-model-len", str(settings.max_model_len), "--max-num-seqs", str(chosen.max_num_seqs),
                         "--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
+    pp = chosen.pipeline_parallel_size
+    if pp > 1:
+        flags += ["--pipeline-parallel-size", str(pp), "--distributed-executor-backend", "ray"]
+        decisions.add("distributed_executor_backend", "ray",
+                      f"{pp} pipeline stages on {pp} nodes: only Ray serves across nodes (mp stays on one node), "
+                      "and only through the OpenAI server's AsyncLLMEngine; the flag is explicit so vLLM never "
+                      "falls back to a private one-node Ray", "docs/facts/multi-node.md §1.1, §1.3")
     if settings.enforce_eager:
         flags.append("--enforce-eager")
     if swap is not None:
@@ -275,20 +288,32 @@ def build_plan(model: Dict[str, Any], gpus: GpuSet, settings: EngineSettings, la
                request: PlanRequest, decisions: Decisions) -> Plan:
     """The plan of the chosen layout: the remaining decisions, every replica's argv and environment."""
     chosen, release = layout.chosen, settings.release
-    tp, replica_count = chosen.tensor_parallel_size, len(chosen.groups)
-    decisions.add("tensor_parallel_size", tp, layout_reason(layout, request.workload),
-                  "docs/field-report.md ('Model and parallelism choice'); docs/facts/prior-art.md §3 item 3 "
-                  "(2xTP4 per socket); cost model")
+    tp, replica_count, pp = chosen.tensor_parallel_size, len(chosen.groups), chosen.pipeline_parallel_size
+    if pp > 1:
+        decisions.add("tensor_parallel_size", tp, f"TP inside a node, never across the node network; {pp} stages "
+                      "across nodes (pipeline_parallel_size)", "docs/facts/multi-node.md §1.5")
+        decisions.add("pipeline_parallel_size", pp, pipeline_reason(layout, gpus),
+                      "docs/facts/multi-node.md §1.4; cost model (revive_perf.pipeline_loop)")
+        decisions.warnings.append(
+            f"the plan serves one replica across {pp} nodes on Ray (vLLM {release.version}): its stages run on "
+            "every node of the group and roll together; guided and tool-call output is wrong with pipeline "
+            "parallelism in 0.5.4 (#7194)")
+    else:
+        decisions.add("tensor_parallel_size", tp, layout_reason(layout, request.workload),
+                      "docs/field-report.md ('Model and parallelism choice'); docs/facts/prior-art.md §3 item 3 "
+                      "(2xTP4 per socket); cost model")
     idle = sorted(set(gpus.indices) - {g for group in chosen.groups for g in group})
     if idle:
         decisions.warnings.append(f"GPUs {idle} stay idle: they do not make a whole TP-{tp} group")
     _record_limits(chosen, settings, request, decisions)
     check_ports(request.serve, replica_count)
     swap = swap_space_for(settings, tp, replica_count, request, decisions)
+    stage = ({"pipeline_parallel_size": pp, "weights_bytes_per_gpu": chosen.kv.weights_per_gpu,
+              "stage_layers": max(chosen.stage_layers)} if pp > 1 and chosen.kv else {})
     final_kv = kv_cache_plan(model, tp, gpus.total_bytes, settings.gpu_memory_utilization, swap or 0,
                              max_num_batched_tokens=settings.max_num_batched_tokens,
                              max_num_seqs=chosen.max_num_seqs, max_model_len=settings.max_model_len,
-                             dtype=settings.dtype, release=release.version, sizing=settings.kv_sizing)
+                             dtype=settings.dtype, release=release.version, sizing=settings.kv_sizing, **stage)
     common, flags = _server_flags(model, chosen, settings, swap, request, decisions)
 
     replicas: List[Replica] = []
@@ -326,7 +351,7 @@ def build_plan(model: Dict[str, Any], gpus: GpuSet, settings: EngineSettings, la
     return Plan(
         vllm_version=release.version, pins=dict(release.pins), engine=settings.engine,
         attention_backend=settings.attention_backend, entrypoint=list(release.entrypoint), replicas=replicas,
-        tensor_parallel_size=tp,
+        tensor_parallel_size=tp, pipeline_parallel_size=pp,
         settings=ServerSettings(dtype=settings.dtype, gpu_memory_utilization=settings.gpu_memory_utilization,
                                 max_model_len=settings.max_model_len, max_num_seqs=chosen.max_num_seqs,
                                 max_num_batched_tokens=settings.max_num_batched_tokens, swap_space=swap,
