@@ -93,6 +93,11 @@ options:
         elements: int
         default: []
       allow_bf16_conversion: {description: Accept BF16 weights on a GPU without BF16 (the sync role converts); refuse when false., type: bool, default: true}
+      allow_long_max_model_len:
+        description: Accept a O(workload.max_model_len) above the model's own maximum; the replicas then get
+          C(VLLM_ALLOW_LONG_MAX_MODEL_LEN=1) and the plan a warning. Refused when false (the default).
+        type: bool
+        default: false
   serve:
     description: How the server is reached.
     type: dict
@@ -269,6 +274,7 @@ OVERRIDES_SPEC = {
     "swap_space": {"type": "float"},
     "exclude_gpus": {"type": "list", "elements": "int", "default": []},
     "allow_bf16_conversion": {"type": "bool", "default": True},
+    "allow_long_max_model_len": {"type": "bool", "default": False},
 }
 SERVE_SPEC = {
     "model_path": {"type": "str"},

@@ -171,6 +171,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--model-path", help="model path as the server sees it (default --model's directory)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--no-bf16-conversion", action="store_true", help="refuse BF16 weights on GPUs without BF16")
+    parser.add_argument("--allow-long-max-model-len", action="store_true",
+                        help="accept --max-model-len above the model's maximum (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
     parser.add_argument("--source", choices=["index", "mirror", "wheelhouse"], default="index",
                         help="where the nodes get packages (default: the index, PyPI unless --index-url)")
     parser.add_argument("--index-url", default=PUBLIC_INDEX, help="the index or mirror's simple API URL")
@@ -197,7 +199,8 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         Overrides(vllm_version=args.vllm_version, tensor_parallel_size=args.tensor_parallel_size,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, swap_space=args.swap_space,
-                  exclude_gpus=args.exclude_gpus, allow_bf16_conversion=not args.no_bf16_conversion),
+                  exclude_gpus=args.exclude_gpus, allow_bf16_conversion=not args.no_bf16_conversion,
+                  allow_long_max_model_len=args.allow_long_max_model_len),
         Serve(model_path=args.model_path or model_dir, served_model_name=args.served_model_name),
         int(ram_gib * GiB) if ram_gib else None,
         PackageSource(type=args.source, index_url=args.index_url),

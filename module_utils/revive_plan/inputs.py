@@ -178,10 +178,12 @@ class Overrides:
     swap_space: Optional[float] = None
     exclude_gpus: Sequence[int] = ()
     allow_bf16_conversion: bool = True
+    allow_long_max_model_len: bool = False   # max_model_len above the model's own (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)
 
     def __post_init__(self) -> None:
         check_bounds("overrides", self)
         check_flag("overrides.allow_bf16_conversion", self.allow_bf16_conversion)
+        check_flag("overrides.allow_long_max_model_len", self.allow_long_max_model_len)
         if self.vllm_version is not None and (not isinstance(self.vllm_version, str) or not self.vllm_version):
             raise PlanInputError("overrides.vllm_version", self.vllm_version, "a release of data/vllm-releases.yml",
                                  "set a version string such as \"0.8.5.post1\", or leave it out")

@@ -24,7 +24,7 @@ from ansible.module_utils.revive_plan.layout import (
     nccl_env,
 )
 from ansible.module_utils.revive_plan.pipeline import pipeline_reason
-from ansible.module_utils.revive_plan.rules import EngineSettings, swap_space_for
+from ansible.module_utils.revive_plan.rules import LONG_MAX_MODEL_LEN_ENV, EngineSettings, swap_space_for
 from ansible.module_utils.revive_topology import format_cpu_list
 
 COST_MODEL = "revive_plan.predict_layout (see its module docstring)"
@@ -260,6 +260,8 @@ def _replica(number: int, port: int, members: List[int], group: Group, gpus: Gpu
     if volta:
         env["VLLM_ATTENTION_BACKEND"] = settings.attention_backend
     env.update(release.get("engine_env", {}).get("below_8" if volta else "from_8", {}) or {})
+    if settings.long_max_model_len:
+        env[LONG_MAX_MODEL_LEN_ENV] = "1"
     devices = [d for d in gpus.devices if int(d["index"]) in members]
     sockets = {d.get("socket") for d in devices}
     numa = {d.get("numa_node") for d in devices}

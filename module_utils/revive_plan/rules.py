@@ -47,6 +47,7 @@ class EngineSettings:
     kv_sizing: str
     typical_sequence_tokens: int   # typical prompt + output tokens of one request
     volta: bool                    # CC < 8.0
+    long_max_model_len: bool = False  # max_model_len above the model's derived length (VLLM_ALLOW_LONG_MAX_MODEL_LEN)
 
 
 def release_for(gpus: GpuSet, releases: ReleaseData, overrides: Overrides, decisions: Decisions,
@@ -189,15 +190,30 @@ def check_model(model: Dict[str, Any], gpus: GpuSet, release: Release, backend: 
             "docs/facts/vllm-volta.md §1.3, §7.4 (#9922)")
 
 
-def max_model_len_for(model: Dict[str, Any], workload: Workload, decisions: Decisions) -> int:
+LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+
+def max_model_len_for(model: Dict[str, Any], workload: Workload, decisions: Decisions,
+                      allow_long: bool = False) -> int:
     derived = model.get("max_position_embeddings")
     if workload.max_model_len is not None:
         value = int(workload.max_model_len)
         if derived and value > int(derived):
-            raise PlanRefusal(
-                f"max-model-len {value} is above the model's derived {derived}; vLLM refuses ('User-specified "
-                f"max_model_len ({value}) is greater than the derived max_model_len ({derived})'). Use at most "
-                f"{derived}.", "docs/facts/vllm-volta.md §2.1 --max-model-len")
+            if not allow_long:
+                raise PlanRefusal(
+                    f"max-model-len {value} is above the model's derived {derived}; vLLM refuses ('User-specified "
+                    f"max_model_len ({value}) is greater than the derived max_model_len ({derived})'). Use at most "
+                    f"{derived}, or set allow_long_max_model_len (--allow-long-max-model-len) if the model's "
+                    "positions really reach further (a rope scaling its config.json does not declare).",
+                    "docs/facts/vllm-volta.md §2.1 --max-model-len")
+            decisions.add("max_model_len", value, f"set by the operator above the model's derived {derived}, with "
+                          f"allow_long_max_model_len: the replicas get {LONG_MAX_MODEL_LEN_ENV}=1, which lets vLLM "
+                          "accept it", "docs/facts/vllm-volta.md §2.1 --max-model-len (v0.5.4:vllm/config.py:1459)")
+            decisions.warnings.append(
+                f"max_model_len {value} is above the model's {derived} positions ({LONG_MAX_MODEL_LEN_ENV}=1): "
+                "beyond its trained context the model's output degrades or becomes garbage unless it really "
+                "supports the longer context; check the model card")
+            return value
         decisions.add("max_model_len", value, "set by the workload/operator", "operator override")
         return value
     value = min(NOTES_MAX_MODEL_LEN, int(derived)) if derived else NOTES_MAX_MODEL_LEN
@@ -273,7 +289,7 @@ def engine_settings(model: Dict[str, Any], gpus: GpuSet, releases: ReleaseData, 
     decisions.add("engine", engine, "CC < 8.0 runs the V0 engine (V1 needs 8.0 before 0.10.2)" if volta and
                   engine == "V0" else f"the release's engine for CC {gpus.cc[0]}.{gpus.cc[1]}",
                   "docs/facts/vllm-volta.md §1.1")
-    max_model_len = max_model_len_for(model, workload, decisions)
+    max_model_len = max_model_len_for(model, workload, decisions, request.overrides.allow_long_max_model_len)
     eager = volta
     if eager:
         decisions.add("enforce_eager", True, "CUDA graphs are captured after the KV cache is sized, outside "
@@ -308,5 +324,7 @@ def engine_settings(model: Dict[str, Any], gpus: GpuSet, releases: ReleaseData, 
         release=release, engine=engine, attention_backend=backend, dtype=dtype, conversion=conversion,
         quantization=quant, max_model_len=max_model_len, max_num_batched_tokens=batched,
         gpu_memory_utilization=utilization, enforce_eager=eager, kv_sizing=release.kv_sizing_for(engine),
-        typical_sequence_tokens=workload.typical_prompt_tokens + workload.slo_output_tokens, volta=volta)
+        typical_sequence_tokens=workload.typical_prompt_tokens + workload.slo_output_tokens, volta=volta,
+        long_max_model_len=bool(model.get("max_position_embeddings"))
+        and max_model_len > int(model["max_position_embeddings"]))
 

@@ -305,6 +305,21 @@ def test_max_model_len_beyond_the_model_is_refused(releases):
         plan(releases, name="llama-2-7b-chat", workload=Workload(max_model_len=8192))
 
 
+def test_max_model_len_beyond_the_model_needs_the_override_which_sets_vllms_variable(releases):
+    with pytest.raises(PlanRefusal, match=r"or set allow_long_max_model_len \(--allow-long-max-model-len\)"):
+        plan(releases, name="llama-2-7b-chat", workload=Workload(max_model_len=8192))
+    result = plan(releases, name="llama-2-7b-chat", workload=Workload(max_model_len=8192),
+                  overrides=Overrides(allow_long_max_model_len=True))
+    assert flag(result["args"], "--max-model-len") == "8192"
+    assert all(r["env"]["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1" for r in result["replicas"])
+    assert "with allow_long_max_model_len" in reason(result, "max_model_len")["reason"]
+    assert any("above the model's 4096 positions" in w for w in result["warnings"])
+    # within the model's length the override changes nothing
+    within = plan(releases, name="llama-2-7b-chat", overrides=Overrides(allow_long_max_model_len=True))
+    assert within == plan(releases, name="llama-2-7b-chat")
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in within["env"]
+
+
 def test_batched_tokens_below_max_model_len_is_refused(releases):
     with pytest.raises(PlanRefusal) as err:
         plan(releases, overrides=Overrides(max_num_batched_tokens=2048))

@@ -60,6 +60,8 @@ REFUSED = [
 ] + [
     (Overrides, "allow_bf16_conversion", v) for v in ("no", 0)
 ] + [
+    (Overrides, "allow_long_max_model_len", v) for v in ("yes", 1, None)
+] + [
     (Serve, "base_port", v) for v in (0, -1, 65536, 8000.0, "8000")
 ] + [
     (Serve, "host", v) for v in ("", " ", None)
@@ -277,6 +279,7 @@ def test_module_refuses_bad_values_before_the_plan_is_written(repo, tmp_path):
         "replica N listens on base_port + N). Fix: give a value in that range",
     ]
     assert messages[7].startswith("Unsupported parameters for (vllm_plan) module: overrides.tensor_parallel. "
-                                  "Supported parameters include: allow_bf16_conversion, exclude_gpus, ")
+                                  "Supported parameters include: allow_bf16_conversion, allow_long_max_model_len, "
+                                  "exclude_gpus, ")
     assert messages[8].startswith("vllm_plan: workload.max_model_len is 0:")  # "32" was converted, 0 refused
     assert os.listdir(tmp_path / "out") == []
