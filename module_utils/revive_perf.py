@@ -355,16 +355,31 @@ class Prediction:
 NODE_HOP_S = 200e-6
 
 
+def tp_communication(transport: str, tensor_parallel_size: int, crosses_socket: bool) -> Tuple[float, float, float]:
+    """(all-reduce latency, prompt bandwidth, ring factor) of a TP group; no communication at TP 1."""
+    if tensor_parallel_size > 1:
+        return (allreduce_latency(transport, tensor_parallel_size, crosses_socket), prompt_bandwidth(transport),
+                ring_factor(tensor_parallel_size))
+    return 0.0, 1.0, 0.0
+
+
+def _prediction(step: float, prefill: float, batch: int, streams: int, output_tokens: int,
+                latency: float) -> Prediction:
+    """The closed form's tail: `batch` streams per scheduler, `streams` in all (see the module docstring)."""
+    step_eff = step + batch * prefill / output_tokens
+    ttft = step_eff + TTFT_QUEUE_FACTOR * batch * prefill
+    e2e = ttft + P95_OUTPUT_FRACTION * output_tokens * step_eff
+    return Prediction(step_ms=round(step_eff * 1000, 2), prefill_ms=round(prefill * 1000, 1),
+                      per_stream_tok_s=round(1.0 / step_eff, 1), throughput_tok_s=round(streams / step_eff, 1),
+                      ttft_p50_s=round(ttft, 2), e2e_p95_s=round(e2e, 2),
+                      allreduce_latency_us=round(latency * 1e6, 1))
+
+
 def closed_loop(model: ModelShape, spec: GpuSpec, tensor_parallel_size: int, transport: str, crosses_socket: bool,
                 streams: int, prompt_tokens: int, output_tokens: int, eager: bool) -> Prediction:
     """The closed form of the module docstring for one replica serving `streams` concurrent requests."""
     tp, layers, hidden = tensor_parallel_size, model.num_layers, model.hidden_size
-    if tp > 1:
-        latency = allreduce_latency(transport, tp, crosses_socket)
-        bus = prompt_bandwidth(transport)
-        ring = ring_factor(tp)
-    else:
-        latency, bus, ring = 0.0, 1.0, 0.0
+    latency, bus, ring = tp_communication(transport, tp, crosses_socket)
     b = max(streams, 1)
     context = prompt_tokens + output_tokens / 2
     step = (cpu_seconds(b, 0, tp) + weight_read_seconds(model.weight_bytes, tp, spec)
@@ -372,13 +387,7 @@ def closed_loop(model: ModelShape, spec: GpuSpec, tensor_parallel_size: int, tra
             + kv_read_seconds(b * context, model.kv_bytes_per_token, tp, spec))
     prefill = (gemm_seconds(model.parameter_count, prompt_tokens, tp, spec)
                + 2 * layers * ring * prompt_tokens * hidden * 2 / bus + CPU_PREFILL_TOKEN_S * prompt_tokens)
-    step_eff = step + b * prefill / output_tokens
-    ttft = step_eff + TTFT_QUEUE_FACTOR * b * prefill
-    e2e = ttft + P95_OUTPUT_FRACTION * output_tokens * step_eff
-    return Prediction(step_ms=round(step_eff * 1000, 2), prefill_ms=round(prefill * 1000, 1),
-                      per_stream_tok_s=round(1.0 / step_eff, 1), throughput_tok_s=round(b / step_eff, 1),
-                      ttft_p50_s=round(ttft, 2), e2e_p95_s=round(e2e, 2),
-                      allreduce_latency_us=round(latency * 1e6, 1))
+    return _prediction(step, prefill, b, b, output_tokens, latency)
 
 
 def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, transport: str,
@@ -389,12 +398,7 @@ def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, t
     if stages < 1 or link_bytes_per_s <= 0:
         raise ValueError(f"stages {stages} and link bandwidth {link_bytes_per_s} must be positive")
     tp, layers, hidden = tensor_parallel_size, stage.num_layers, stage.hidden_size
-    if tp > 1:
-        latency = allreduce_latency(transport, tp, crosses_socket)
-        bus = prompt_bandwidth(transport)
-        ring = ring_factor(tp)
-    else:
-        latency, bus, ring = 0.0, 1.0, 0.0
+    latency, bus, ring = tp_communication(transport, tp, crosses_socket)
     b = max(-(-max(streams, 1) // stages), 1)
     context = prompt_tokens + output_tokens / 2
     stage_step = (cpu_seconds(b, 0, tp) + weight_read_seconds(stage.weight_bytes, tp, spec)
@@ -409,11 +413,7 @@ def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, t
     stage_prefill = (gemm_seconds(stage.parameter_count, prompt_tokens, tp, spec)
                      + 2 * layers * ring * prompt_tokens * hidden * 2 / bus)
     prefill = stages * stage_prefill + (stages - 1) * hop(prompt_tokens) + CPU_PREFILL_TOKEN_S * prompt_tokens
-    step_eff = token + b * prefill / output_tokens
-    ttft = step_eff + TTFT_QUEUE_FACTOR * b * prefill
-    e2e = ttft + P95_OUTPUT_FRACTION * output_tokens * step_eff
-    return Prediction(step_ms=round(step_eff * 1000, 2), prefill_ms=round(prefill * 1000, 1),
-                      per_stream_tok_s=round(1.0 / step_eff, 1), throughput_tok_s=round(streams / step_eff, 1),
-                      ttft_p50_s=round(ttft, 2), e2e_p95_s=round(e2e, 2),
-                      allreduce_latency_us=round(latency * 1e6, 1), pipeline_stages=stages,
-                      stage_hop_ms=round(hop(b) * 1000, 3) if stages > 1 else 0.0)
+    prediction = _prediction(token, prefill, b, max(streams, 1), output_tokens, latency)
+    prediction.pipeline_stages = stages
+    prediction.stage_hop_ms = round(hop(b) * 1000, 3) if stages > 1 else 0.0
+    return prediction

@@ -177,11 +177,29 @@ def max_num_seqs_for(streams: int, kv: Optional[KvEstimate], typical_len: int, b
     return max(1, min(target, batched_tokens))
 
 
+def size_kv(model: Dict[str, Any], tensor_parallel_size: int, gpus: GpuSet, settings: EngineSettings, streams: int,
+            overrides: Overrides, **stage: Any) -> Tuple[KvEstimate, int]:
+    """The KV estimate of one worker and --max-num-seqs for `streams` per scheduler; `stage` passes a pipeline
+    stage's sizing to revive_kv (pipeline.py). max_num_seqs sizes the sampler term of the profile and the KV caps
+    max_num_seqs, so both are settled in two rounds."""
+    typical_len, batched = settings.typical_sequence_tokens, settings.max_num_batched_tokens
+    max_num_seqs = max_num_seqs_for(streams, None, typical_len, batched, overrides.max_num_seqs)
+    kv = None
+    for _ in range(2):
+        kv = kv_cache_plan(model, tensor_parallel_size, gpus.total_bytes, settings.gpu_memory_utilization, 0,
+                           max_num_batched_tokens=batched, max_num_seqs=max_num_seqs,
+                           max_model_len=settings.max_model_len, dtype=settings.dtype,
+                           release=settings.release.version, sizing=settings.kv_sizing, **stage)
+        max_num_seqs = max_num_seqs_for(streams, kv, typical_len, batched, overrides.max_num_seqs)
+    assert kv is not None
+    return kv, max_num_seqs
+
+
 def _evaluate(candidate: Candidate, model: Dict[str, Any], gpus: GpuSet, settings: EngineSettings,
               workload: Workload, overrides: Overrides) -> None:
     """Fill in the candidate: why it cannot run, or its KV cache, max_num_seqs and prediction."""
     tp, groups = candidate.tensor_parallel_size, candidate.groups
-    typical_len, batched = settings.typical_sequence_tokens, settings.max_num_batched_tokens
+    typical_len = settings.typical_sequence_tokens
     problem = tp_divides_heads(model, tp)
     if problem is None and not groups:
         problem = f"only {len(gpus.indices)} GPUs"
@@ -195,15 +213,7 @@ def _evaluate(candidate: Candidate, model: Dict[str, Any], gpus: GpuSet, setting
         return
     replicas = len(groups)
     streams = math.ceil(workload.concurrency / replicas)
-    max_num_seqs = max_num_seqs_for(streams, None, typical_len, batched, overrides.max_num_seqs)
-    kv = None
-    for _ in range(2):  # max_num_seqs sizes the sampler term of the profile; the KV caps max_num_seqs
-        kv = kv_cache_plan(model, tp, gpus.total_bytes, settings.gpu_memory_utilization, 0,
-                           max_num_batched_tokens=batched, max_num_seqs=max_num_seqs,
-                           max_model_len=settings.max_model_len, dtype=settings.dtype,
-                           release=settings.release.version, sizing=settings.kv_sizing)
-        max_num_seqs = max_num_seqs_for(streams, kv, typical_len, batched, overrides.max_num_seqs)
-    assert kv is not None
+    kv, max_num_seqs = size_kv(model, tp, gpus, settings, streams, overrides)
     candidate.kv, candidate.max_num_seqs, candidate.streams_per_replica = kv, max_num_seqs, streams
     candidate.concurrency = workload.concurrency
     if kv.errors:

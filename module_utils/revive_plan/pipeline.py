@@ -23,12 +23,12 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from ansible.module_utils.revive_kv import DTYPE_BYTES, KvEstimate, kv_bytes_per_token, kv_cache_plan
+from ansible.module_utils.revive_kv import DTYPE_BYTES, kv_bytes_per_token
 from ansible.module_utils.revive_perf import ModelShape, gpu_spec, pipeline_loop
 from ansible.module_utils.revive_plan.gpus import GpuSet
 from ansible.module_utils.revive_plan.inputs import Decisions, NodeGroup, Overrides, PlanRefusal, Workload
-from ansible.module_utils.revive_plan.layout import (Candidate, LayoutChoice, describe_group, form_groups,
-                                                    max_num_seqs_for, nccl_env, tp_divides_heads, transport_for)
+from ansible.module_utils.revive_plan.layout import (Candidate, LayoutChoice, describe_group, form_groups, nccl_env,
+                                                    size_kv, tp_divides_heads, transport_for)
 from ansible.module_utils.revive_plan.rules import EngineSettings
 
 SOURCE = "docs/facts/multi-node.md §1 (v0.5.4 vllm/config.py, distributed/utils.py, core/scheduler.py)"
@@ -82,19 +82,11 @@ def _evaluate(candidate: Candidate, model: Dict[str, Any], gpus: GpuSet, setting
     tp, pp = candidate.tensor_parallel_size, candidate.pipeline_parallel_size
     layers = stage_layers(int(model["num_hidden_layers"]), pp)
     candidate.stage_layers = layers
-    typical_len, batched = settings.typical_sequence_tokens, settings.max_num_batched_tokens
+    typical_len = settings.typical_sequence_tokens
     streams = math.ceil(workload.concurrency / pp)          # per virtual engine
     weights = largest_stage_weight_bytes(model, layers, settings.dtype)
-    max_num_seqs = max_num_seqs_for(streams, None, typical_len, batched, overrides.max_num_seqs)
-    kv: Optional[KvEstimate] = None
-    for _ in range(2):
-        kv = kv_cache_plan(model, tp, gpus.total_bytes, settings.gpu_memory_utilization, 0,
-                           max_num_batched_tokens=batched, max_num_seqs=max_num_seqs,
-                           max_model_len=settings.max_model_len, dtype=settings.dtype,
-                           release=settings.release.version, sizing=settings.kv_sizing, pipeline_parallel_size=pp,
-                           weights_bytes_per_gpu=math.ceil(weights / tp), stage_layers=max(layers))
-        max_num_seqs = max_num_seqs_for(streams, kv, typical_len, batched, overrides.max_num_seqs)
-    assert kv is not None
+    kv, max_num_seqs = size_kv(model, tp, gpus, settings, streams, overrides, pipeline_parallel_size=pp,
+                               weights_bytes_per_gpu=math.ceil(weights / tp), stage_layers=max(layers))
     candidate.kv, candidate.max_num_seqs, candidate.streams_per_replica = kv, max_num_seqs, streams
     candidate.concurrency = workload.concurrency
     if kv.errors:
