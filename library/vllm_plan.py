@@ -75,6 +75,12 @@ options:
         description: Use this TP size (refused if the heads or memory do not allow it); 1 to 2147483647 and at most
           the GPUs left after O(overrides.exclude_gpus) (more is a refusal); 0 or unset lets the planner choose.
         type: int
+      pipeline_parallel_size:
+        description:
+          - Pipeline stages of a serving group's replica, one per node (O(group)); 1 to 64 and at most the group's
+            nodes (more is a refusal); 0 or unset lets the planner choose the fewest that hold the weights and the
+            workload's KV; 1 plans every member as a single node.
+        type: int
       gpu_memory_utilization:
         description: Fraction of each GPU vLLM may use; more than 0 and at most 1.
         type: float
@@ -133,8 +139,33 @@ options:
     type: dict
     default: {}
     suboptions:
-      nodes: {description: Identical GPU nodes in the group; 1 to 64., type: int, default: 1}
+      nodes:
+        description: Identical GPU nodes in the group; 1 to 64. A what-if without O(group.members); with them it is
+          their count.
+        type: int
+        default: 1
       link_gbit: {description: Gbit/s between the group's nodes (the stage-to-stage sends); above 0 to 10000., type: float, default: 25}
+      name: {description: The serving group (the members' C(revive_serving_group)); required with O(group.members)., type: str}
+      members:
+        description:
+          - Every member of the serving group, as the preflight probed it. With them the module plans the group
+            from the first member's GPU facts (name order) and returns this node's part (O(group.member)) - the head
+            runs Ray's head and the group's one vLLM server, the workers a Ray worker, spares nothing
+            (C(module_utils/revive_plan/group.py), C(module_utils/revive_cluster.py)); the release then has a
+            C(group) section. When one node holds the model, every member gets its own single-node plan.
+          - Members must match in GPU count, model, memory, compute capability, driver and Python patch version;
+            otherwise every member is refused with the odd ones named.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          host: {description: Inventory name., type: str, required: true}
+          gpu: {description: Its GPU facts (nvml_facts' C(gpu))., type: dict, default: {}}
+          python_version: {description: "Its Python as C(X.Y.Z) (Ray refuses a patch mismatch).", type: str}
+          address: {description: "The IP the group's nodes reach it at (Ray's C(--node-ip-address), C(VLLM_HOST_IP)).", type: str}
+          interface: {description: "The network interface of that address (C(NCCL_SOCKET_IFNAME), C(GLOO_SOCKET_IFNAME)).", type: str}
+      member: {description: "This node's inventory name among O(group.members).", type: str}
+      ray_port: {description: "The Ray head's GCS port (C(RAY_ADDRESS)); 1 to 65535.", type: int, default: 6379}
   fail_on_refusal:
     description: Fail the task on a refusal; when false, return C(refused=true) and the reason so the play can quarantine the host.
     type: bool
@@ -254,7 +285,9 @@ from ansible.module_utils.revive_plan import (
     Serve,
     Workload,
     plan,
+    plan_release,
 )
+from ansible.module_utils.revive_plan.group import plan_member
 from ansible.module_utils.revive_releases import ReleaseDataError, load_release_data
 
 WORKLOAD_SPEC = {
@@ -268,6 +301,7 @@ WORKLOAD_SPEC = {
 OVERRIDES_SPEC = {
     "vllm_version": {"type": "str"},
     "tensor_parallel_size": {"type": "int"},
+    "pipeline_parallel_size": {"type": "int"},
     "gpu_memory_utilization": {"type": "float"},
     "max_num_seqs": {"type": "int"},
     "max_num_batched_tokens": {"type": "int"},
@@ -283,9 +317,20 @@ SERVE_SPEC = {
     "base_port": {"type": "int", "default": 8000},
 }
 
+MEMBER_SPEC = {
+    "host": {"type": "str", "required": True},
+    "gpu": {"type": "dict", "default": {}},
+    "python_version": {"type": "str"},
+    "address": {"type": "str"},
+    "interface": {"type": "str"},
+}
 GROUP_SPEC = {
     "nodes": {"type": "int", "default": 1},
     "link_gbit": {"type": "float", "default": 25.0},
+    "name": {"type": "str"},
+    "members": {"type": "list", "elements": "dict", "default": [], "options": MEMBER_SPEC},
+    "member": {"type": "str"},
+    "ray_port": {"type": "int", "default": 6379},
 }
 
 SOURCE_SPEC = {
@@ -320,9 +365,19 @@ def main() -> None:
         # fail_on_refusal=false, so no plan (nor the preflight's plan file) follows from it.
         BOUNDS["host_ram_mb"].check("host_ram_mb", params["host_ram_mb"])
         host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
+        group = dict(params["group"])
+        members, name, member, ray_port = (group.pop(key) for key in ("members", "name", "member", "ray_port"))
+        BOUNDS["group.ray_port"].check("group.ray_port", ray_port)
         request = (Workload(**params["workload"]), Overrides(**params["overrides"]), Serve(**params["serve"]),
-                   host_ram, PackageSource(**params["package_source"]), NodeGroup(**params["group"]))
-        release = plan(params["gpu"], params["model"], releases, *request).as_dict()
+                   host_ram, PackageSource(**params["package_source"]))
+        if members:
+            if not name or not member:
+                raise PlanInputError("group", {"name": name, "member": member}, "a group name and this node's name "
+                                     "with group.members", "set group.name and group.member")
+            release = plan_member(plan_release, params["gpu"], params["model"], releases, request,
+                                  NodeGroup(**group), name, members, member, ray_port)
+        else:
+            release = plan(params["gpu"], params["model"], releases, *request, NodeGroup(**group)).as_dict()
     except PlanInputError as exc:
         module.fail_json(msg=f"vllm_plan: {exc}", refused=False, input=exc.field)
     except PlanRefusal as exc:

@@ -147,6 +147,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--gpus", required=True, help="lab profile name or file, GPU facts JSON, or COUNTxGIB[@CC]")
     parser.add_argument("--vllm-version")
     parser.add_argument("--tensor-parallel-size", type=bounded("overrides.tensor_parallel_size"))
+    parser.add_argument("--pipeline-parallel-size", type=bounded("overrides.pipeline_parallel_size"),
+                        help="pipeline stages, one per node of --nodes (default: the fewest that hold the model "
+                             "and the workload's KV)")
     parser.add_argument("--gpu-memory-utilization", type=bounded("overrides.gpu_memory_utilization"))
     parser.add_argument("--max-model-len", type=bounded("workload.max_model_len"))
     parser.add_argument("--max-num-seqs", type=bounded("overrides.max_num_seqs"))
@@ -197,6 +200,7 @@ def plan(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         Workload(max_model_len=args.max_model_len, concurrency=args.concurrency, slo_p95_e2e_s=args.slo_p95_s,
                  slo_output_tokens=args.output_tokens, typical_prompt_tokens=args.prompt_tokens),
         Overrides(vllm_version=args.vllm_version, tensor_parallel_size=args.tensor_parallel_size,
+                  pipeline_parallel_size=args.pipeline_parallel_size,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, swap_space=args.swap_space,
                   exclude_gpus=args.exclude_gpus, allow_bf16_conversion=not args.no_bf16_conversion,

@@ -69,7 +69,7 @@ from ansible.module_utils.revive_plan.inputs import (  # noqa: F401 - re-exporte
     check_against_gpus,
 )
 from ansible.module_utils.revive_plan.layout import choose_layout
-from ansible.module_utils.revive_plan.pipeline import choose_pipeline
+from ansible.module_utils.revive_plan.pipeline import check_stage_override, choose_pipeline
 from ansible.module_utils.revive_plan.plan import Plan, build_plan
 from ansible.module_utils.revive_plan.rules import engine_settings
 from ansible.module_utils.revive_releases import ReleaseData
@@ -99,8 +99,9 @@ def plan(
     check_against_gpus(request.overrides, [int(d["index"]) for d in gpu_facts.get("devices", [])])
     gpus = gpu_set_from_facts(gpu_facts, request.overrides.exclude_gpus, decisions)
     settings = engine_settings(model, gpus, releases, request, decisions)
+    check_stage_override(request.overrides, request.group, model)
     layout = None
-    if request.group.nodes > 1:
+    if request.group.nodes > 1 and request.overrides.pipeline_parallel_size != 1:
         layout = choose_pipeline(model, gpus, settings, request.workload, request.overrides, request.group, decisions)
         if layout.chosen.pipeline_parallel_size == 1:
             layout = None  # one node holds it: the single-node layouts compete as for any node

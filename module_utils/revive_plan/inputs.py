@@ -93,6 +93,8 @@ BOUNDS: Dict[str, Bound] = {
     "workload.typical_prompt_tokens": Bound(int, 1),
     "overrides.tensor_parallel_size": Bound(int, 1, optional=True, unset=0,
                                             why="and at most the GPUs left after exclude_gpus"),
+    "overrides.pipeline_parallel_size": Bound(int, 1, high=64, optional=True, unset=0,
+                                              why="pipeline stages, one per node; at most the serving group's nodes"),
     "overrides.gpu_memory_utilization": Bound(float, 0, high=1, low_open=True, optional=True,
                                               why="a fraction of each GPU's memory"),
     "overrides.max_num_seqs": Bound(int, 1, optional=True),
@@ -101,6 +103,7 @@ BOUNDS: Dict[str, Bound] = {
     "serve.base_port": Bound(int, 1, high=65535, why="a TCP port; replica N listens on base_port + N"),
     "group.nodes": Bound(int, 1, high=64, why="identical GPU nodes that serve one model together"),
     "group.link_gbit": Bound(float, 0, high=10 ** 4, low_open=True, why="Gbit/s between the group's nodes"),
+    "group.ray_port": Bound(int, 1, high=65535, why="the Ray head's GCS port"),
     "host_ram_bytes": Bound(int, 1, high=2 ** 62, optional=True),
     # The front ends' own units for host RAM (bin/revive plan, library/vllm_plan.py); 0 is "unknown", as before.
     "host_ram_gib": Bound(float, 0, high=2 ** 32, optional=True, unset=0, unset_means="unknown"),
@@ -172,6 +175,8 @@ class Workload:
 class Overrides:
     vllm_version: Optional[str] = None
     tensor_parallel_size: Optional[int] = None
+    # Stages across the serving group's nodes (one per node); None or 0: the fewest that hold the workload.
+    pipeline_parallel_size: Optional[int] = None
     gpu_memory_utilization: Optional[float] = None
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None

@@ -123,6 +123,19 @@ def node_tensor_parallel_size(model: Dict[str, Any], gpus: GpuSet, overrides: Ov
     return 1
 
 
+def check_stage_override(overrides: Overrides, group: NodeGroup, model: Dict[str, Any]) -> None:
+    """The operator's pipeline_parallel_size against the group: a stage per node, a layer per stage."""
+    stages = overrides.pipeline_parallel_size
+    if not stages:
+        return
+    if stages > group.nodes:
+        raise PlanRefusal(f"pipeline_parallel_size (--pipeline-parallel-size) {stages} needs {stages} nodes, one "
+                          f"stage each, and the serving group has {group.nodes}. Fix: put {stages} identical nodes "
+                          "in the group (revive_serving_group; --nodes for bin/revive plan), or set at most "
+                          f"{group.nodes}, or leave it out to let the planner choose.", SOURCE)
+    stage_layers(int(model["num_hidden_layers"]), stages)
+
+
 def choose_pipeline(model: Dict[str, Any], gpus: GpuSet, settings: EngineSettings, workload: Workload,
                     overrides: Overrides, group: NodeGroup, decisions: Decisions) -> LayoutChoice:
     """PP = 1 .. group.nodes with TP inside a node; the smallest PP that holds the workload (see the module
@@ -130,7 +143,9 @@ def choose_pipeline(model: Dict[str, Any], gpus: GpuSet, settings: EngineSetting
     tp = node_tensor_parallel_size(model, gpus, overrides)
     members = form_groups(gpus, tp)[:1]
     candidates: List[Candidate] = []
-    for pp in range(1, min(group.nodes, int(model["num_hidden_layers"])) + 1):
+    stage_counts = ([overrides.pipeline_parallel_size] if overrides.pipeline_parallel_size
+                    else range(1, min(group.nodes, int(model["num_hidden_layers"])) + 1))
+    for pp in stage_counts:
         candidate = Candidate(tp, members, [describe_group(gpus, members[0])], pipeline_parallel_size=pp)
         candidates.append(candidate)
         _evaluate(candidate, model, gpus, settings, workload, overrides, group)
@@ -142,6 +157,10 @@ def choose_pipeline(model: Dict[str, Any], gpus: GpuSet, settings: EngineSetting
                           f"{details}. Add nodes, use larger GPUs, a smaller model or quantized weights.", SOURCE)
     holding = [c for c in feasible if c.kv_holds_streams]
     chosen = min(holding or feasible, key=lambda c: c.pipeline_parallel_size)
+    if overrides.pipeline_parallel_size:
+        decisions.warnings.append(
+            f"pipeline_parallel_size {chosen.pipeline_parallel_size} is the operator's: the planner compares no "
+            "other stage count")
     if chosen.pipeline_parallel_size > 1:
         refusal = pp_refusal(model, settings)
         if refusal:

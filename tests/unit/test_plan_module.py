@@ -112,3 +112,39 @@ def test_malformed_release_data_fails_with_its_path(repo, tmp_path):
         """)
     assert code != 0
     assert results[1]["msg"] == ("releases parameter (data/vllm-releases.yml): top level: missing key 'releases'")
+
+
+def test_a_group_member_plans_its_part_of_the_group_through_ansible(repo, tmp_path):
+    model = write_model(str(tmp_path / "mixtral"), "mixtral-8x22b-instruct", size="tiny", dtype="F16")
+    facts = facts_file(tmp_path, lab_facts("v100-pcie-8x"))
+    members = [{"host": f"node{n}", "gpu": "__FACTS__", "python_version": "3.11.2", "address": f"10.0.0.{n}",
+                "interface": "eth0"} for n in (1, 2)]
+    members_yaml = json.dumps(members).replace("__FACTS__", f"{{{{ lookup('ansible.builtin.file', '{facts}') "
+                                                          "| from_json }}")
+    plan_task = f"""\
+        - name: Describe the model
+          model_inspect:
+            path: {model}
+          register: revive_model_facts
+        - name: Plan node2's part
+          vllm_plan:
+            gpu: "{{{{ lookup('ansible.builtin.file', '{facts}') | from_json }}}}"
+            model: "{{{{ revive_model_facts.model }}}}"
+            releases: "{{{{ lookup('ansible.builtin.file', '{repo}/data/vllm-releases.yml') | from_yaml }}}}"
+            overrides: {{vllm_version: "0.5.4", tensor_parallel_size: 8, pipeline_parallel_size: 2}}
+            package_source: {{type: mirror, index_url: "https://pypi.internal.example/simple"}}
+            group:
+              name: mixtral
+              member: node2
+              ray_port: RAY_PORT
+              members: {members_yaml}
+            fail_on_refusal: false
+        """
+    code, results = run_play(repo, tmp_path, plan_task.replace("RAY_PORT", "6380"))
+    assert code == 0, results
+    worker = results[1]["release"]
+    assert worker["replicas"] == [] and worker["group"]["role"] == "worker"
+    assert worker["group"]["ray"]["address"] == "10.0.0.1:6380" and worker["group"]["ray"]["expected_gpus"] == 16
+    code, results = run_play(repo, tmp_path, plan_task.replace("RAY_PORT", "0"))
+    assert code != 0 and results[1]["msg"].startswith("vllm_plan: group.ray_port is 0: it must be a whole number at "
+                                                      "least 1 and at most 65535")
