@@ -1,8 +1,9 @@
-"""Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels and the lab's
-time-scaled rules: thin wiring over module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py,
-revive_frontdoor.py, revive_bench/invocation.py, revive_slo_gate.py and revive_rule_scale.py, where the decisions live
-and are unit-tested (tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py,
-test_rule_scale.py).
+"""Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels, the lab's
+time-scaled rules and a serving group's Ray cluster: thin wiring over module_utils/revive_handover.py,
+revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py, revive_bench/invocation.py, revive_slo_gate.py,
+revive_rule_scale.py, revive_cluster.py, revive_serving_group.py and revive_ray_unit.py, where the decisions live and are unit-tested
+(tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py,
+test_ray_unit.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -28,12 +29,24 @@ from ansible.module_utils.revive_handover import (  # noqa: E402
     roll_summary,
     served_model_name,
 )
+from ansible.module_utils.revive_cluster import cluster_endpoint, member_summary  # noqa: E402
+from ansible.module_utils.revive_serving_group import group_members, unfit_members  # noqa: E402
 from ansible.module_utils.revive_bench.invocation import bench_argv, bench_limit_fact, bench_outcome  # noqa: E402
 from ansible.module_utils.revive_frontdoor import frontdoor_servers  # noqa: E402
 from ansible.module_utils.revive_lockfile import locked_wheel_files  # noqa: E402
 from ansible.module_utils.revive_slo_gate import gate_concurrency  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
 from ansible.module_utils.revive_rule_scale import scale_rule_files  # noqa: E402
+
+
+def ray_unit(release, venv, temp_dir, ports, environment, dashboard=False):
+    """The member's Ray unit: ray start argv, ExecStart= and Environment= words (module_utils/revive_ray_unit.py)."""
+    from ansible.errors import AnsibleFilterError
+    from ansible.module_utils.revive_ray_unit import RayUnitError, ray_unit as build
+    try:
+        return build(release, venv, temp_dir, ports, environment, dashboard)
+    except RayUnitError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def time_scaled_rules(texts, scale, scrape_interval, evaluation_interval):
@@ -55,12 +68,17 @@ class FilterModule:
             "bench_argv": bench_argv,
             "bench_limit_fact": bench_limit_fact,
             "bench_outcome": bench_outcome,
+            "cluster_endpoint": cluster_endpoint,
             "frontdoor_servers": frontdoor_servers,
+            "serving_group_member_summary": member_summary,
+            "serving_group_members": group_members,
+            "serving_group_unfit": unfit_members,
             "failure_message": failure_message,
             "handover_state": handover_state,
             "locked_wheel_files": locked_wheel_files,
             "handover_result": handover_result,
             "restored_release": restored_release,
+            "ray_unit": ray_unit,
             "roll_batch_check": roll_batch_check,
             "roll_node_result": roll_node_result,
             "roll_policy": roll_policy,

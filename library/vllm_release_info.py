@@ -73,6 +73,11 @@ options:
         description: C(RestartSec) of the units (for C(StartLimitIntervalSec)).
         type: int
         default: 10
+      ray_gate_seconds:
+        description: A serving group head's replica waits this long for its Ray cluster (C(ExecStartPre)) before the
+          health deadline starts; added to its C(TimeoutStartSec).
+        type: int
+        default: 0
       start_limit_burst:
         description: C(StartLimitBurst) of the units; C(StartLimitIntervalSec) holds that many failed starts.
         type: int
@@ -172,6 +177,7 @@ TIMING_SPEC = {
     "slack_seconds": {"type": "int", "default": 30},
     "restart_seconds": {"type": "int", "default": 10},
     "start_limit_burst": {"type": "int", "default": 3},
+    "ray_gate_seconds": {"type": "int", "default": 0},
 }
 
 

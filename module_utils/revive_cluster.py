@@ -113,11 +113,55 @@ def member_release(release: Mapping[str, Any], group: str, members: Sequence[Map
         head_replica["env"] = dict(head_replica.get("env") or {}, RAY_ADDRESS=ray_address, **node_env)
         result["env"] = dict(head_replica["env"])
     else:
-        result["replicas"] = []
-        result["args"] = []
+        result["replicas"] = []   # `args` stays: the group's server argv, which names the model every stage loads
         result["env"] = {}
     return result
 
 
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def _is_ip(text: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(text))
+    except ValueError:
+        return False
+    return True
+
+
+def _addresses(device: Mapping[str, Any]) -> List[str]:
+    ipv4 = [device.get("ipv4") or {}] + list(device.get("ipv4_secondaries") or [])
+    ipv6 = list(device.get("ipv6") or [])
+    return [str(entry.get("address")) for entry in ipv4 + ipv6 if isinstance(entry, Mapping) and entry.get("address")]
+
+
+def cluster_endpoint(facts: Mapping[str, Any], ansible_host: Any = "", address: str = "",
+                     interface: str = "") -> Dict[str, str]:
+    """{address, interface} a member is reached at by the group, from its gathered facts: the operator's address,
+    else the inventory's `ansible_host` when it is an IP, else the default route's; the interface holding that
+    address unless the operator names one. "" where none is found (check_members then refuses, naming the host)."""
+    chosen = address or (str(ansible_host) if _is_ip(ansible_host) else "") or \
+        str((facts.get("default_ipv4") or {}).get("address") or "")
+    if interface or not chosen:
+        return {"address": chosen, "interface": interface}
+    for name in facts.get("interfaces") or []:
+        device = facts.get(str(name).replace("-", "_")) or {}
+        if chosen in _addresses(device):
+            return {"address": chosen, "interface": str(device.get("device") or name)}
+    return {"address": chosen, "interface": ""}
+
+
+def member_summary(release: Mapping[str, Any]) -> str:
+    """One line for the preflight summary of a group member's release; "" for a release outside any group."""
+    group = release.get("group") if isinstance(release, Mapping) else None
+    if not group:
+        return ""
+    ray = group.get("ray") or {}
+    layout = (f"TP {release.get('tensor_parallel_size')} x PP {release.get('pipeline_parallel_size')} on Ray "
+              f"{ray.get('address')}")
+    if group.get("role") == "spare":
+        return f"vLLM {release.get('vllm_version')}, spare of serving group {group.get('name')} ({layout}): runs nothing"
+    return (f"vLLM {release.get('vllm_version')}, {group.get('role')} of serving group {group.get('name')}, stage "
+            f"{group.get('stage')} of {ray.get('expected_nodes')} ({layout}; GPUs "
+            f"{(ray.get('env') or {}).get('CUDA_VISIBLE_DEVICES', '')})")

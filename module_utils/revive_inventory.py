@@ -234,6 +234,36 @@ def _serial(value: Any) -> Optional[Tuple[str, str]]:
     return None if count >= 1 else (f"is {count}, which would re-provision every node at once", fix)
 
 
+def _group_name(value: Any) -> Optional[Tuple[str, str]]:
+    if value == "" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(value)):
+        return None
+    return (f"is {value!r}, not a serving group name", "use letters, digits and ._- (e.g. mixtral-a), the same on "
+            "every member, or \"\" for a node that serves alone")
+
+
+def _port(value: Any) -> Optional[Tuple[str, str]]:
+    if 1 <= value <= 65535:
+        return None
+    return f"is {value}, not a TCP port", "set a port from 1 to 65535"
+
+
+def _ip_or_empty(value: Any) -> Optional[Tuple[str, str]]:
+    import ipaddress
+    try:
+        if value != "":
+            ipaddress.ip_address(str(value))
+        return None
+    except ValueError:
+        return (f"is {value!r}, not an IP address", "set the IP the serving group's nodes reach this node at, or "
+                "\"\" to take it from the node's facts")
+
+
+def _link(value: Any) -> Optional[Tuple[str, str]]:
+    if 0 < value <= 10 ** 4:
+        return None
+    return f"is {value}", "set the Gbit/s between the serving group's nodes, above 0 and at most 10000"
+
+
 VALUE_RULES: Dict[str, Callable[[Any], Optional[Tuple[str, str]]]] = {
     "revive_model_name": _non_empty("the model's name"),
     "revive_model_revision": _non_empty("the model's revision"),
@@ -250,6 +280,10 @@ VALUE_RULES: Dict[str, Callable[[Any], Optional[Tuple[str, str]]]] = {
     "revive_slo_gate_concurrency": _at_least(0),
     "revive_rolling_serial": _serial,
     "revive_rolling_max_fail_percent": _percent,
+    "revive_serving_group": _group_name,
+    "revive_node_link_gbit": _link,
+    "revive_ray_port": _port,
+    "revive_cluster_address": _ip_or_empty,
 }
 
 

@@ -1,7 +1,7 @@
 """Serving groups (issue 16): the GPU nodes that serve one model together, declared in the inventory by setting
-`revive_serving_group: <name>` on each member. The planner plans a group from its members' probes (the GPU facts
-of module_utils/revive_nvml.py and the Python the release's venv gets); the members must be identical where vLLM
-and Ray need them to be (docs/facts/multi-node.md §1.3):
+`revive_serving_group: <name>` on each member (the inventory check refuses a bad name). Every member plans the group
+from all members' probes (`group_members`: the GPU facts of module_utils/revive_nvml.py and the Python the release's
+venv gets); the members must be identical where vLLM and Ray need them to be (docs/facts/multi-node.md §1.3):
 
 * the same GPUs - count, model name, memory, compute capability: one plan's TP size, KV sizing and flags serve
   every stage;
@@ -9,7 +9,8 @@ and Ray need them to be (docs/facts/multi-node.md §1.3):
 * the same Python version, patch included: Ray refuses to join nodes whose Python differs in the patch version.
 
 `check_group` names every member that differs from the others (the value most members share; on a tie, the first
-member's, in name order) and what it has, in one message, so the operator fixes them all at once.
+member's, in name order) and what it has, in one message, so the operator fixes them all at once. After the fitness
+rules, `unfit_members` holds back every member of a cluster whose head or worker is unfit.
 """
 from __future__ import annotations
 
@@ -29,20 +30,6 @@ FIELDS: Tuple[Tuple[str, str], ...] = (
 
 class GroupRefusal(ValueError):
     """A serving group that cannot be planned as one; the message says which members, what differs, how to fix."""
-
-
-def groups_of(settings: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[str]]:
-    """{group name: its member hosts, sorted} from each host's revive_serving_group (hosts without it serve alone)."""
-    groups: Dict[str, List[str]] = {}
-    for host in sorted(settings):
-        name = settings[host].get("revive_serving_group")
-        if name in (None, ""):
-            continue
-        if not isinstance(name, str):
-            raise GroupRefusal(f"{host}: revive_serving_group is {name!r}; it must be a group name (a string), e.g. "
-                               "mixtral-a. Fix it in the host's or its group's vars")
-        groups.setdefault(name, []).append(host)
-    return groups
 
 
 def signature(gpu_facts: Mapping[str, Any], python_version: Optional[str]) -> Dict[str, Any]:
@@ -93,3 +80,40 @@ def check_group(name: str, members: Mapping[str, Mapping[str, Any]]) -> Dict[str
                            "(re-run the preflight after), or move the odd node out of the group "
                            "(revive_serving_group)")
     return common
+
+
+def group_members(hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str], name: str,
+                  record: str = "gpu_preflight_member") -> List[Dict[str, Any]]:
+    """The plan's `group.members` for serving group `name`: every host of `hosts` (the inventory's GPU nodes) that
+    declares it (revive_serving_group), as its probe recorded it (`record`: {host, gpu, python_version, address,
+    interface}), or just {host} when this run did not probe it (unreachable, failed, outside --limit) - which the
+    group's plan then refuses, naming it."""
+    members: List[Dict[str, Any]] = []
+    for host in sorted(hosts):
+        variables = hostvars.get(host) or {}
+        if variables.get("revive_serving_group") != name:
+            continue
+        probed = variables.get(record)
+        members.append(dict(probed) if isinstance(probed, Mapping) and probed.get("gpu") else {"host": host})
+    return members
+
+
+def unfit_members(release: Mapping[str, Any], hostvars: Mapping[str, Mapping[str, Any]],
+                  key: str = "gpu_preflight_result") -> List[str]:
+    """The members of this node's Ray cluster (head and workers of its release's `group`) whose preflight found them
+    unfit, each with its first reason; [] when the release spans no nodes. `hostvars[host][key]` is a member's
+    preflight result (absent: not probed)."""
+    group = release.get("group") if isinstance(release, Mapping) else None
+    if not group:
+        return []
+    unfit: List[str] = []
+    for member in group.get("members") or []:
+        if member.get("role") == "spare":
+            continue
+        result = (hostvars.get(member.get("host")) or {}).get(key)
+        if not isinstance(result, Mapping):
+            unfit.append(f"{member.get('host')} (no preflight result)")
+        elif not result.get("fit"):
+            reasons = result.get("reasons") or ["unfit"]
+            unfit.append(f"{member.get('host')} ({reasons[0]})")
+    return unfit

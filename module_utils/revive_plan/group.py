@@ -30,6 +30,12 @@ def plan_member(planner: Any, gpu_facts: Mapping[str, Any], model: Dict[str, Any
     serve, host_ram_bytes, source); `members` [{host, gpu, python_version, address, interface}] of every member;
     `gpu_facts` this member's own."""
     hosts = sorted(str(m.get("host")) for m in members)
+    unprobed = [host for host in hosts if not next(m for m in members if str(m.get("host")) == host).get("gpu")]
+    if unprobed:
+        raise PlanRefusal(f"serving group {name!r} ({', '.join(hosts)}) is planned from every member's probe, and "
+                          f"this run has none of {', '.join(unprobed)} (unreachable, its probe failed, or left out "
+                          "by --limit). Fix: run with every member, or move the node out of the group "
+                          "(revive_serving_group)", SOURCE)
     if member not in hosts:
         raise PlanRefusal(f"{member} is not among the probed members of serving group {name!r} ({', '.join(hosts)})",
                           SOURCE)

@@ -28,6 +28,10 @@ def release_id(release: Dict[str, Any]) -> str:
     identity["replicas"] = [{key: replica.get(key) for key in ("name", "port", "argv", "env", "cpu_affinity",
                                                                "numa_node")}
                             for replica in release.get("replicas") or []]
+    group = release.get("group")
+    if group:  # a group member: its place in the cluster (a release without a group keeps the id it always had)
+        identity["group"] = {"name": group.get("name"), "role": group.get("role"), "stage": group.get("stage"),
+                             "ray": group.get("ray")}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:ID_LENGTH]
 
@@ -61,7 +65,11 @@ def build_release(plan: Dict[str, Any], venv: str, host: HostView, timing: Start
     ExecStart is the venv's python, the plan's entrypoint, then the replica's argv exactly as planned.
     The plan's environment wins over `extra_environment` (the role's defaults such as usage-stats opt-out).
     """
-    for key in ("vllm_version", "entrypoint", "replicas"):
+    group = plan.get("group") or None
+    # A serving group's worker or spare runs no vLLM server itself (module_utils/revive_cluster.py): its release is
+    # the venv and the model its Ray worker serves a stage from.
+    without_server = bool(group) and group.get("role") in ("worker", "spare")
+    for key in ("vllm_version", "entrypoint") + (() if without_server else ("replicas",)):
         if not plan.get(key):
             raise ReleaseError(f"the release for {host.name} has no {key!r}: pass the planner's release (host fact "
                                "revive_release from the preflight), not a partial dict")
@@ -95,6 +103,8 @@ def build_release(plan: Dict[str, Any], venv: str, host: HostView, timing: Start
         pinning = host_pinning(replica, host.online_cpus, host.numa_nodes, simulated, host.name)
         tensor_parallel_size = int(replica.get("tensor_parallel_size") or plan.get("tensor_parallel_size") or 1)
         deadline = health_deadline(weight_bytes, tensor_parallel_size, timing)
+        # A serving group's head first waits for its Ray cluster (roles/ray_cluster's gate as ExecStartPre=).
+        gate = timing.ray_gate_seconds if group and group.get("role") == "head" else 0
         replicas.append({
             "name": name, "unit": f"{name}.service", "port": port, "argv": argv, "env": env,
             "exec_start": exec_start(argv),
@@ -102,18 +112,28 @@ def build_release(plan: Dict[str, Any], venv: str, host: HostView, timing: Start
             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", ""),
             "gpus": list(replica.get("gpus") or []), "tensor_parallel_size": tensor_parallel_size,
             "cpu_affinity": pinning.cpu_affinity, "numa_node": pinning.numa_node, "pinning_note": pinning.note,
-            "health_deadline_seconds": deadline, "start_timeout_seconds": deadline + timing.slack_seconds,
-            "start_limit_interval_seconds": start_limit_interval(deadline + timing.slack_seconds,
+            "health_deadline_seconds": deadline, "ray_gate_seconds": gate,
+            "start_timeout_seconds": gate + deadline + timing.slack_seconds,
+            "start_limit_interval_seconds": start_limit_interval(gate + deadline + timing.slack_seconds,
                                                                  timing.restart_seconds, timing.start_limit_burst),
         })
+    if without_server:
+        path = _model_path(plan.get("args") or [])
+        if path is None:
+            raise ReleaseError(f"the release of {host.name} (serving group {group.get('name')!r}, "
+                               f"{group.get('role')}) has no --model in the group's argv {plan.get('args')}")
+        model_paths.add(path)
     if len(model_paths) != 1:
         raise ReleaseError(f"the replicas load different models {sorted(model_paths)}; a release serves one model")
     release = {
         "vllm_version": str(plan["vllm_version"]), "venv": venv.rstrip("/"), "python": python,
         "venv_stamp": host.venv_stamp,
         "model": {"path": model_paths.pop(), "content_id": host.model_content_id, "weight_bytes": weight_bytes},
-        "args": replicas[0]["argv"][1 + len(plan["entrypoint"]):], "replicas": replicas, "simulated": simulated,
+        "args": replicas[0]["argv"][1 + len(plan["entrypoint"]):] if replicas else [str(a) for a in plan["args"]],
+        "replicas": replicas, "simulated": simulated,
     }
+    if group:
+        release["group"] = group
     release["id"] = release_id(release)
     return release
 

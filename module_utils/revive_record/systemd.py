@@ -90,6 +90,7 @@ class StartTiming:
     slack_seconds: int = 30
     restart_seconds: int = 10
     start_limit_burst: int = 3
+    ray_gate_seconds: int = 0      # a serving group head's wait for its Ray cluster (ExecStartPre)
 
 
 def health_deadline(weight_bytes: int, tensor_parallel_size: int, timing: StartTiming) -> int:

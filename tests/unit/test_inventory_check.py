@@ -107,8 +107,8 @@ CASES = [
     ("a list for a mapping", SITE, {"all": {"revive_plan_overrides": ["tensor_parallel_size=4"]}}, None, [
         f"revive_plan_overrides must be a mapping (got ['tensor_parallel_size=4']) - {EVERY_HOST}. Fix: set "
         "revive_plan_overrides to a mapping (Operator choices that replace the planner's (vllm_plan's overrides - "
-        "vllm_version, tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, swap_space, "
-        "exclude_gpus, allow_bf16_conversion); each is still checked)"]),
+        "vllm_version, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_num_seqs, "
+        "max_num_batched_tokens, swap_space, exclude_gpus, allow_bf16_conversion); each is still checked)"]),
     ("an expectation set for the GPU nodes only", SITE,
      {"node1": {"revive_expected_gpu_count": -8}, "node2": {"revive_expected_gpu_count": -8}}, None, [
          f"revive_expected_gpu_count is -8, it must be at least 0 - {GPU_NODES}. Fix: set a value at least 0"]),
@@ -156,6 +156,17 @@ CASES = [
          "revive_rolling_serial is 'half', neither a number of nodes nor a percentage - on host node2 "
          "(host_vars/node2/, or the group_vars/ of a group it is in). Fix: set a number of nodes (at least 1) or a "
          "percentage such as \"25%\""]),
+    ("serving group settings", SITE, {"node1": {"revive_serving_group": "mixtral a", "revive_ray_port": 0,
+                                                "revive_cluster_address": "node1.lab", "revive_node_link_gbit": 0},
+                                      "node2": {"revive_serving_group": "mixtral-a",
+                                                "revive_cluster_address": "10.0.0.2"}}, None, [
+        f"revive_serving_group is 'mixtral a', not a serving group name - {NODE1}. Fix: use letters, digits and ._- "
+        "(e.g. mixtral-a), the same on every member, or \"\" for a node that serves alone",
+        f"revive_node_link_gbit is 0.0 - {NODE1}. Fix: set the Gbit/s between the serving group's nodes, above 0 and at "
+        "most 10000",
+        f"revive_ray_port is 0, not a TCP port - {NODE1}. Fix: set a port from 1 to 65535",
+        f"revive_cluster_address is 'node1.lab', not an IP address - {NODE1}. Fix: set the IP the serving group's "
+        "nodes reach this node at, or \"\" to take it from the node's facts"]),
     ("a value that does not resolve", SITE, {"all": {"revive_api_key": UNDEFINED}}, None, [
         f"revive_api_key does not resolve: its value names an undefined variable (a vault variable not loaded?) - "
         f"{EVERY_HOST}. Fix: define what it refers to (e.g. pass --ask-vault-pass or --vault-password-file), or set "

@@ -74,7 +74,7 @@ def test_the_head_serves_the_group_with_rays_address_and_its_own_ip_and_interfac
 def test_a_worker_runs_ray_with_its_own_ip_and_no_replica_and_every_member_plans_the_same_group(releases):
     group = members()
     head, worker = (member_plan(releases, host, group) for host in ("node1", "node2"))
-    assert worker["replicas"] == [] and worker["args"] == [] and worker["env"] == {}
+    assert worker["replicas"] == [] and worker["env"] == {} and worker["args"] == head["replicas"][0]["args"]
     assert worker["group"]["role"] == "worker" and worker["group"]["stage"] == 1
     assert worker["group"]["ray"]["node_ip_address"] == "10.213.0.12"
     assert worker["group"]["ray"]["env"]["VLLM_HOST_IP"] == "10.213.0.12"

@@ -399,3 +399,33 @@ UNITS_TO_QUOTE = """
 @pytest.mark.parametrize("case", [pytest.param(case, id=case["id"]) for case in yaml.safe_load(UNITS_TO_QUOTE)])
 def test_units_a_rollback_quotes(case):
     assert units_to_quote(case["states"], ["vllm-0.service", "vllm-1.service"]) == case["expected"]
+
+
+# --- serving groups (issue 16) ----------------------------------------------------------------------------
+GROUP = {"name": "mixtral", "role": "worker", "stage": 1, "head": "node1", "members": [],
+         "ray": {"address": "10.0.0.1:6379", "port": 6379, "node_ip_address": "10.0.0.2", "num_gpus": 8,
+                 "expected_nodes": 2, "expected_gpus": 16, "env": {"VLLM_HOST_IP": "10.0.0.2"}}}
+
+
+def test_a_group_worker_records_a_release_without_replicas_serving_the_groups_model(plan):
+    worker = dict(plan, replicas=[], env={}, group=GROUP)
+    release = build_release(worker, VENV, HOST, StartTiming())
+    assert release["replicas"] == [] and release["group"] == GROUP
+    assert release["model"]["path"] == "/data/models/tiny-chat/rev1" and release["args"] == plan["args"]
+    moved = build_release(dict(worker, group=dict(GROUP, ray=dict(GROUP["ray"], address="10.0.0.9:6379"))), VENV,
+                          HOST, StartTiming())
+    assert moved["id"] != release["id"]
+    with pytest.raises(ReleaseError, match="has no 'replicas'"):
+        build_release(dict(plan, replicas=[], group=dict(GROUP, role="head")), VENV, HOST, StartTiming())
+    with pytest.raises(ReleaseError, match=r"serving group 'mixtral', worker\) has no --model"):
+        build_release(dict(worker, args=[]), VENV, HOST, StartTiming())
+
+
+def test_a_release_outside_any_group_keeps_the_id_it_had_before_groups(plan):
+    import hashlib
+    base = build_release(plan, VENV, HOST, StartTiming())
+    identity = {key: base[key] for key in ("vllm_version", "venv", "venv_stamp", "python", "model")}
+    identity["replicas"] = [{key: r[key] for key in ("name", "port", "argv", "env", "cpu_affinity", "numa_node")}
+                            for r in base["replicas"]]
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    assert "group" not in base and base["id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from ansible.module_utils.revive_serving_group import GroupRefusal, check_group, groups_of
+from ansible.module_utils.revive_serving_group import GroupRefusal, check_group, group_members, unfit_members
 from fixtures.gpus import lab_facts
 
 
@@ -68,9 +68,24 @@ def test_an_empty_group_is_refused():
         check_group("g", {})
 
 
-def test_the_inventory_variable_forms_the_groups():
-    settings = {"node2": {"revive_serving_group": "mixtral"}, "node1": {"revive_serving_group": "mixtral"},
-                "node3": {}, "node4": {"revive_serving_group": ""}}
-    assert groups_of(settings) == {"mixtral": ["node1", "node2"]}
-    with pytest.raises(GroupRefusal, match="node1: revive_serving_group is 3; it must be a group name"):
-        groups_of({"node1": {"revive_serving_group": 3}})
+def test_the_inventory_variable_names_the_members_and_an_unprobed_member_is_kept_bare():
+    probed = {"host": "node2", "gpu": {"devices": [{}]}, "python_version": "3.11.2", "address": "10.0.0.2",
+              "interface": "eth0"}
+    hostvars = {"node2": {"revive_serving_group": "mixtral", "gpu_preflight_member": probed},
+                "node1": {"revive_serving_group": "mixtral"},
+                "node3": {"revive_serving_group": "other", "gpu_preflight_member": dict(probed, host="node3")},
+                "node4": {"revive_serving_group": ""}, "lb1": {"revive_serving_group": "mixtral"}}
+    members = group_members(hostvars, ["node4", "node3", "node2", "node1"], "mixtral")
+    assert members == [{"host": "node1"}, probed]
+
+
+def test_a_member_is_held_back_by_an_unfit_head_or_worker_never_by_a_spare():
+    release = {"group": {"name": "g", "members": [{"host": "node1", "role": "head"},
+                                                 {"host": "node2", "role": "worker"},
+                                                 {"host": "node3", "role": "spare"}]}}
+    hostvars = {"node1": {"gpu_preflight_result": {"fit": True, "reasons": []}},
+                "node2": {"gpu_preflight_result": {"fit": False, "reasons": ["GPU 3: 2 retired pages pending"]}},
+                "node3": {"gpu_preflight_result": {"fit": False, "reasons": ["no driver"]}}}
+    assert unfit_members(release, hostvars) == ["node2 (GPU 3: 2 retired pages pending)"]
+    assert unfit_members(release, {"node1": hostvars["node1"]}) == ["node2 (no preflight result)"]
+    assert unfit_members({"replicas": []}, hostvars) == []
