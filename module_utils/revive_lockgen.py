@@ -1,7 +1,8 @@
 """Generate hash locks with uv (controller side): a release's lock block in, data/locks/<file> out.
 
-Release mode (`lock_release`): the release's pins (data/vllm-releases.yml, less `cuda` and `python`) are
-the requirements, `lock.constraints` the constraints, resolved by
+Release mode (`lock_release`): the release's pins (data/vllm-releases.yml, less `cuda` and `python`) and
+`lock.requirements` (exact pins, extras allowed: 0.5.4's ray[default]==2.34.0) are the requirements,
+`lock.constraints` the constraints, resolved by
     uv pip compile requirements.in -c constraints.txt [--excludes excludes.txt] --python-version X.Y
         --python-platform P --only-binary :all: --generate-hashes --exclude-newer <date>T00:00:00Z
         --index-url URL --no-header --quiet -o lock.txt
@@ -71,6 +72,14 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class AddedRequirement:
+    """A requirement of the release's lock block installed beside its pins (requirements.in), with its source."""
+
+    requirement: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Supplied:
     """A distribution the index no longer serves; `entry` is None when no file for it was supplied."""
 
@@ -96,6 +105,7 @@ class LockJob:
     supplied: Tuple[Supplied, ...]
     command: str
     offline: bool = False
+    added: Tuple[AddedRequirement, ...] = ()
 
     @property
     def missing(self) -> Tuple[Supplied, ...]:
@@ -122,6 +132,31 @@ def _exact_pin(text: str, where: str) -> Tuple[str, str]:
             or requirement.extras:
         raise LockGenError(f"{where}: {text!r} must be an exact pin name==version (a supplied file has one version)")
     return requirement.name, specs[0].version
+
+
+def added_requirement(item: Any, where: str, pins: Sequence[str] = ()) -> AddedRequirement:
+    """One entry of a lock block's `requirements`: a mapping with an exact pin name[extras]==version (extras
+    allowed, no marker: a lock is resolved for one platform, and every node of a Ray cluster needs the same
+    version), a reason and a source; `pins` are the release's own pins, which it must not repeat."""
+    if not isinstance(item, dict) or not all(str(item.get(key) or "").strip()
+                                             for key in ("requirement", "reason", "source")):
+        raise LockGenError(f"{where}: expected a mapping with requirement, reason and source, e.g. "
+                           "{requirement: \"ray[default]==2.34.0\", reason: ..., source: ...}")
+    text = str(item["requirement"]).strip()
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        reason = str(exc).splitlines()[0]
+        raise LockGenError(f"{where}.requirement: {text!r} is not a requirement ({reason}); write "
+                           "name[extras]==version") from None
+    specs = list(requirement.specifier)
+    if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version or requirement.marker:
+        raise LockGenError(f"{where}.requirement: {text!r} must be an exact pin name[extras]==version without a "
+                           "marker (the lock installs one version on every node), e.g. ray[default]==2.34.0")
+    if canonical_name(requirement.name) in {canonical_name(pin) for pin in pins}:
+        raise LockGenError(f"{where}.requirement: {requirement.name} is already one of the release's pins; drop it "
+                           "here or change the pin")
+    return AddedRequirement(requirement=text, source=str(item["source"]).strip())
 
 
 def _check_python(python: str) -> str:
@@ -153,7 +188,24 @@ def lock_inputs(release: Any) -> Dict[str, Any]:
         for n, item in enumerate(block.get(key) or []):
             if not isinstance(item, dict) or not item.get("requirement") or not item.get("source"):
                 raise LockGenError(f"{where}.{key}[{n}]: expected a mapping with requirement, reason and source")
+    lock_requirements(release, block)
     return block
+
+
+def lock_requirements(release: Any, block: Optional[Dict[str, Any]] = None) -> Tuple[AddedRequirement, ...]:
+    """The release's extra requirements (`lock.requirements`, optional), checked; () without any."""
+    where = f"data/vllm-releases.yml releases.{release.version}.lock.requirements"
+    block = block if block is not None else (release.get("lock") or {})
+    items = block.get("requirements") or []
+    if not isinstance(items, list):
+        raise LockGenError(f"{where}: expected a list of mappings with requirement, reason and source")
+    pins = [name for name in release.pins if name not in NOT_PACKAGES]
+    added = tuple(added_requirement(item, f"{where}[{n}]", pins) for n, item in enumerate(items))
+    names = [canonical_name(Requirement(a.requirement).name) for a in added]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise LockGenError(f"{where}: {', '.join(twice)} is listed more than once; keep one entry per distribution")
+    return added
 
 
 def find_supplied(requirement: str, source: str, supply_dir: Optional[str], where: str) -> Supplied:
@@ -231,7 +283,9 @@ def release_job(release: Any, python: str, supply_dir: Optional[str] = None,
     supplied = tuple(find_supplied(str(item["requirement"]), str(item["source"]).strip(), supply_dir,
                                    f"{where}.supplied[{n}]")
                      for n, item in enumerate(block.get("supplied") or []))
+    added = lock_requirements(release, block)
     requirements = [f"{name}=={version}" for name, version in release.pins.items() if name not in NOT_PACKAGES]
+    requirements.extend(item.requirement for item in added)
     for item in supplied:
         requirements.extend(r for r in item.requires if r not in requirements)
     words = [release.version, "--python", python]
@@ -245,7 +299,7 @@ def release_job(release: Any, python: str, supply_dir: Optional[str] = None,
         requirements=tuple(requirements),
         constraints=tuple(Constraint(str(item["requirement"]), str(item["source"]).strip())
                           for item in block.get("constraints") or []),
-        supplied=supplied, command=regenerate_command(*words))
+        supplied=supplied, command=regenerate_command(*words), added=added)
 
 
 def wheelhouse_job(requirements: Sequence[str], wheelhouse: str, python: str, out: str,
@@ -360,6 +414,7 @@ def header_for(job: LockJob, resolver: str) -> Dict[str, List[str]]:
         "platform": [job.platform or "host (uv's default: the running interpreter's)"],
         "index": [job.index],
         "exclude-newer": [job.exclude_newer or "none"],
+        "requirement": [f"{r.requirement}{SOURCE_SEPARATOR}{r.source}" for r in job.added],
         "constraint": [f"{c.requirement}{SOURCE_SEPARATOR}{c.source}" for c in job.constraints],
         "supplied": [f"{s.requirement}{SOURCE_SEPARATOR}{s.source}" for s in job.supplied if s.entry],
         "missing": [f"{s.requirement}{SOURCE_SEPARATOR}{s.source}" for s in job.missing],

@@ -5,8 +5,10 @@
   gpu_preflight role's defaults, so they cannot drift), every pin of the nvitop-exporter lock
   (data/locks/nvitop-exporter.txt, the monitoring role's venv) as the lab nodes' wheels (CPython 3.11, Debian 12,
   x86_64), hash-checked, and, once lab/vllm_twin/build_wheelhouse.py exists, the vLLM twin's wheels (it is called
-  with the wheelhouse directory as its only argument). A wheel already there is not downloaded again, so a
-  complete wheelhouse is rebuilt offline.
+  with the wheelhouse directory as its only argument; for a release whose lock block has extra requirements,
+  0.5.4's ray[default]==2.34.0, it downloads their closure from the release's real lock through
+  download_locked_wheels here). A wheel already there is not downloaded again, so a complete wheelhouse is
+  rebuilt offline.
 - `bin/lab seed-model`: the lab model - the tiny llama-2-7b-chat fixture of tests/fixtures/models.py (8 heads
   of 64, so it can be planned) - under /srv/models/<name>/<revision> on the model-store host, written into
   the host's root from here, atomically, and only when its content differs.
@@ -32,9 +34,14 @@ PREFLIGHT_DEFAULTS = REPO / "roles/gpu_preflight/defaults/main.yml"
 TWIN_WHEELHOUSE_BUILDER = REPO / "lab/vllm_twin/build_wheelhouse.py"
 NVITOP_EXPORTER_LOCK = REPO / "data/locks/nvitop-exporter.txt"
 # The lab nodes' interpreter and platform (Debian 12: CPython 3.11, glibc 2.36). pip download does not widen a
-# manylinux_2_X tag to the older ones the node's pip accepts (psutil's wheel is manylinux_2_12), so all are named.
-NODE_WHEEL_TARGET = ("--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                     *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)))
+# manylinux_2_X tag to the older ones the node's pip accepts (psutil's wheel is manylinux_2_12), so all are named,
+# and not to their legacy aliases either (PEP 600: manylinux2014 = 2_17, manylinux2010 = 2_12, manylinux1 = 2_5),
+# which some wheels carry alone (ray-2.34.0-cp311-cp311-manylinux2014_x86_64.whl).
+NODE_PYTHON = "3.11"
+NODE_WHEEL_TARGET = ("--python-version", NODE_PYTHON, "--implementation", "cp",
+                     "--abi", f"cp{NODE_PYTHON.replace('.', '')}",
+                     *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+                     *(f"--platform={legacy}_x86_64" for legacy in ("manylinux2014", "manylinux2010", "manylinux1")))
 
 # Keep equal to inventory/lab/group_vars/all/revive.yml (a unit test checks).
 MODEL_NAME = "tiny-chat"
@@ -81,10 +88,19 @@ def _pip_download(argv_tail: list[str]) -> None:
                        "The wheelhouse needs PyPI once; afterwards it is reused offline.")
 
 
-def download_locked_wheels(dest: Path, lock: Path, log=print) -> list[str]:
+def download_locked_wheels(dest: Path, lock: Path, log=print, only: list[str] | None = None) -> list[str]:
     """The lock's wheels for the lab nodes (NODE_WHEEL_TARGET) that `dest` lacks, checked against the lock's
-    hashes (pip --require-hashes); returns the pins downloaded ([] when all were there: no network)."""
+    hashes (pip --require-hashes); returns the pins downloaded ([] when all were there: no network).
+
+    `only`: these `name==version` pins of the lock instead of all of it (the closure of a requirement,
+    revive_lockfile.dependency_closure); a pin the lock does not hold is refused before anything is fetched."""
     wanted = lock_requirements(lock.read_text(encoding="utf-8"))
+    if only is not None:
+        strangers = [pin for pin in only if pin not in wanted]
+        if strangers:
+            raise LabError(f"{lock}: pins no {', '.join(strangers)}; regenerate the lock (its `# command:` line) or "
+                           "ask for pins it holds")
+        wanted = {pin: wanted[pin] for pin in only}
     missing = [pin for pin in wanted if not wheel_present(dest, pin)]
     if not missing:
         return []

@@ -13,8 +13,9 @@ Writes into DEST, for every release in SIMULATED_RELEASES:
   (vllm/_twin/release.py): its version, commit, behaviour switches and its data from data/vllm-releases.yml
   (the CLI table its parser is built from, the metric names it serves, KV sizing family, head sizes,
   quantization minimums; check_behaviour refuses a release the twin cannot simulate as the data says).
-  Requires-Dist names the release's placeholders at their exact `+sim` versions and nvidia-ml-py==13.615.71,
-  so a resolver finds the whole set.
+  Requires-Dist names the release's placeholders at their exact `+sim` versions, the extra requirements of
+  the release's lock block (`lock.requirements`: 0.5.4's ray[default]==2.34.0, the real thing) and
+  nvidia-ml-py==13.615.71, so a resolver finds the whole set.
   `vllm==0.8.5.post1` picks it: a version specifier without a local label matches `0.8.5.post1+sim`
   (PEP 440).
 * One placeholder wheel `<name>-<pin>+sim` for every other pin data/vllm-releases.yml lists for the release
@@ -22,11 +23,18 @@ Writes into DEST, for every release in SIMULATED_RELEASES:
   0.0.29.post2). Importing one works and says it is a simulation; touching anything in it raises an
   ImportError that says so.
 * nvidia-ml-py-13.615.71 (`pip download --no-deps`, from PyPI once; kept when already present).
+* The real wheels of each extra lock requirement and of its dependency closure, exactly as the release's real
+  lock data/locks/vllm-<release>-py<X.Y>.txt pins them (for the lab nodes' CPython 3.11, from PyPI once,
+  hash-checked against that lock: lab/labctl/prepare.py download_locked_wheels; present wheels are kept). The
+  closure comes from the lock's `# via` annotations (revive_lockfile.dependency_closure says why that is
+  sound), so the lab runs the Ray a node of the release runs, at the same versions.
 * locks/vllm-<release>-py<X.Y>.txt for every Python of LAB_PYTHONS (lab nodes: Debian 12, Python 3.11):
-  `bin/revive lock --wheelhouse DEST --requirement vllm==<release>+sim --requirement <pin>+sim ... --python
-  X.Y --out FILE` (module_utils/revive_lockgen.py), every wheel of the install pinned by hash. A node
-  installs it with `pip install --require-hashes --only-binary :all: --no-deps -r LOCK --no-index
-  --find-links DEST`.
+  `bin/revive lock --wheelhouse DEST --requirement vllm==<release>+sim --requirement <pin>+sim ...
+  [--requirement <closure pin> ...] --python X.Y --out FILE` (module_utils/revive_lockgen.py), every wheel
+  of the install pinned by hash. The closure pins are requirements because the wheelhouse holds other
+  versions of some of them (prometheus-client 0.26.0 of the nvitop-exporter lock): without them the
+  resolver would take the newest, not the real lock's. A node installs it with `pip install
+  --require-hashes --only-binary :all: --no-deps -r LOCK --no-index --find-links DEST`.
 
 Wheels are assembled with zipfile (METADATA, WHEEL, RECORD), byte-for-byte reproducible: sorted entries,
 fixed timestamps and modes. Other `+sim` wheels in DEST (of releases no longer built) are removed.
@@ -215,10 +223,22 @@ def twin_version(version: str) -> str:
     return f"{version}+sim"
 
 
+def release_lock_requirements(version: str, path: Path = RELEASES) -> List[str]:
+    """The extra requirements of the release's lock block (`lock.requirements`, checked as bin/revive lock checks
+    them: module_utils/revive_lockgen.py), e.g. ['ray[default]==2.34.0'] for 0.5.4; [] for a release without."""
+    lockgen = _module_utils("revive_lockgen")
+    try:
+        return [added.requirement for added in lockgen.lock_requirements(release_entry(version, path))]
+    except lockgen.LockGenError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def twin_requirements(version: str) -> List[str]:
-    """The twin wheel's Requires-Dist: its placeholders at their exact +sim versions, and nvidia-ml-py."""
+    """The twin wheel's Requires-Dist: its placeholders at their exact +sim versions, the release's extra lock
+    requirements (real distributions, e.g. ray[default]==2.34.0), and nvidia-ml-py."""
     pins = release_pins(version=version)
-    return [f"{name}=={pin}+sim" for name, pin in sorted(pins.items()) if name != "vllm"] + [NVML_PIN]
+    return ([f"{name}=={pin}+sim" for name, pin in sorted(pins.items()) if name != "vllm"]
+            + release_lock_requirements(version) + [NVML_PIN])
 
 
 def twin_wheel(version: str = "0.5.4") -> Tuple[str, bytes]:
@@ -277,11 +297,65 @@ def release_wheels(version: str) -> List[Tuple[str, bytes]]:
     return outputs
 
 
-def lock_requirements(version: str) -> List[str]:
-    """What the release's lock is resolved from: the twin wheel and its placeholders, all at +sim."""
+def real_lock_path(version: str, python: str) -> Path:
+    """The release's committed hash lock, data/locks/vllm-<version>-py<X.Y>.txt."""
+    return REPO / "data" / "locks" / f"vllm-{version}-py{python}.txt"
+
+
+def closure_pins(version: str, python: str) -> List[str]:
+    """`name==version` of every distribution the release's extra lock requirements pull in, the requirements
+    included, as the release's real lock pins them (revive_lockfile.dependency_closure over its `# via`
+    annotations); [] for a release without extra requirements. Exits naming the lock and the fix when the lock
+    is missing or does not pin a requirement (regenerate it with bin/revive lock)."""
+    requirements = release_lock_requirements(version)
+    if not requirements:
+        return []
+    lock = real_lock_path(version, python)
+    if not lock.is_file():
+        raise SystemExit(f"{lock.relative_to(REPO)}: missing; the lab needs it for {', '.join(requirements)} of "
+                         f"vLLM {version} (`bin/revive lock {version} --python {python}` writes it)")
+    lockfile = _module_utils("revive_lockfile")
+    try:
+        closure = lockfile.dependency_closure(lock.read_text(encoding="utf-8"), requirements,
+                                              str(lock.relative_to(REPO)))
+    except lockfile.LockError as exc:
+        raise SystemExit(str(exc)) from None
+    return [str(entry) for entry in closure]
+
+
+def lock_requirements(version: str, python: str = LAB_PYTHONS[0]) -> List[str]:
+    """What the release's lock is resolved from: the twin wheel and its placeholders, all at +sim, and the
+    closure of the release's extra lock requirements at the real lock's versions."""
     pins = release_pins(version=version)
-    return [f"vllm=={twin_version(version)}"] + [f"{name}=={pin}+sim" for name, pin in sorted(pins.items())
-                                                 if name != "vllm"]
+    return ([f"vllm=={twin_version(version)}"]
+            + [f"{name}=={pin}+sim" for name, pin in sorted(pins.items()) if name != "vllm"]
+            + closure_pins(version, python))
+
+
+def _prepare():
+    """lab/labctl/prepare.py: the lab nodes' wheel target and the hash-checked download of a lock's wheels."""
+    sys.path.insert(0, str(REPO / "lab"))
+    try:
+        from labctl import prepare
+    finally:
+        sys.path.pop(0)
+    return prepare
+
+
+def download_closure(dest: Path, version: str, python: str) -> List[str]:
+    """The real wheels of closure_pins for the lab nodes that `dest` lacks, hash-checked against the release's
+    real lock; returns the pins downloaded ([] when all are present: nothing is fetched)."""
+    pins = closure_pins(version, python)
+    if not pins:
+        return []
+    prepare = _prepare()
+    if python != prepare.NODE_PYTHON:
+        raise SystemExit(f"LAB_PYTHONS has {python}, but lab/labctl/prepare.py downloads wheels for the nodes' "
+                         f"Python {prepare.NODE_PYTHON} (NODE_PYTHON); keep them equal")
+    try:
+        return prepare.download_locked_wheels(dest, real_lock_path(version, python), log=lambda _: None, only=pins)
+    except prepare.LabError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def lock_path(dest: Path, version: str, python: str) -> Path:
@@ -305,7 +379,7 @@ def write_lock(dest: Path, version: str, python: str) -> Path:
     out = lock_path(dest, version, python)
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(REVIVE), "lock", "--wheelhouse", str(dest.resolve())]  # uv runs in a scratch directory
-    for requirement in lock_requirements(version):
+    for requirement in lock_requirements(version, python):
         argv += ["--requirement", requirement]
     argv += ["--python", python, "--out", str(out.resolve())]
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -348,6 +422,9 @@ def build(dest: Path, releases: Sequence[str] = SIMULATED_RELEASES, locks: bool 
     downloaded = download_nvml(dest)
     if downloaded:
         written.append(downloaded)
+    for version in releases:
+        for python in LAB_PYTHONS:
+            written.extend(download_closure(dest, version, python))
     if locks:
         for version in releases:
             for python in LAB_PYTHONS:

@@ -7,10 +7,12 @@ from ansible.module_utils.revive_lockfile import (
     LockEntry,
     LockError,
     canonical_name,
+    dependency_closure,
     lock_file_name,
     locked_wheel_files,
     parse_lock,
     render_header,
+    via_annotations,
 )
 
 H1 = "sha256:" + "a" * 64
@@ -76,6 +78,8 @@ def test_key_like_comments_after_the_first_requirement_are_not_header():
     ("# release: 1\n# only comments\n\n", r"lock L has no requirements"),
     (f"# missing: foo==1.0 -- gone\nfoo==1.0 --hash={H1}\n", r"header lists foo==1.0 as missing but the lock pins"),
     (f"# supplied: bar==1.0 -- gone\nfoo==1.0 --hash={H1}\n", r"header lists bar==1.0 as supplied but the lock has"),
+    (f"# requirement: ray[default]==2.34.0 -- why\nfoo==1.0 --hash={H1}\n",
+     r"header lists ray\[default\]==2.34.0 as requirement but the lock has no entry for it"),
 ])
 def test_malformed_locks_are_refused_naming_file_and_line(text, message):
     with pytest.raises(LockError, match=message):
@@ -108,6 +112,7 @@ def test_a_rendered_header_round_trips():
     header = {
         "release": ["0.5.4"], "python": ["3.10"], "platform": ["x86_64-manylinux_2_35"],
         "index": ["https://pypi.org/simple"], "exclude-newer": ["2024-09-05"],
+        "requirement": ["ray[default]==2.34.0 -- vllm-project/vllm#13935", "foo==1 -- because"],
         "constraint": ["transformers<4.45 -- vllm-project/vllm PR #29686", "b<2 -- why: because"],
         "supplied": ["foo==1 -- gone"], "missing": ["pyairports==2.1.1 -- vllm-project/vllm#23983"],
         "resolver": ["uv 0.13.8"], "command": ["bin/revive lock 0.5.4 --python 3.10"],
@@ -115,10 +120,11 @@ def test_a_rendered_header_round_trips():
     text = render_header(header)
     assert text.splitlines()[0] == GENERATED_LINE and text.endswith("\n")
     assert [line.split(":")[0] for line in text.splitlines()[1:]] == [
-        "# release", "# python", "# platform", "# index", "# exclude-newer", "# constraint", "# constraint",
+        "# release", "# python", "# platform", "# index", "# exclude-newer", "# requirement", "# requirement",
+        "# constraint", "# constraint",
         "# supplied", "# missing", "# resolver", "# command"]
-    lock = parse_lock(text + f"foo==1 --hash={H1}\n", "x")
-    assert lock.header == header
+    lock = parse_lock(text + f"foo==1 --hash={H1}\nray==2.34.0 --hash={H2}\n", "x")
+    assert lock.header == header and lock.requirements == ("ray[default]==2.34.0", "foo==1")
     assert render_header(lock.header) == text
 
 
@@ -173,3 +179,68 @@ def test_a_pin_without_a_wheel_is_named_with_the_fix():
                                         r"add the wheels \(pip download"):
         locked_wheel_files(["nvidia_ml_py-13.615.71-py3-none-any.whl", "nvidia-ml-py-13.615.71.tar.gz"],
                            PROBE_LOCK, "probe.txt")
+
+
+# --- the dependency closure of a requirement, from uv's `# via` annotations --------------------------------------
+
+VIA_LOCK = f"""{GENERATED_LINE}
+# release: 0.5.4
+# requirement: ray[default]==2.34.0 -- vllm-project/vllm#13935
+# supplied: pyairports==2.1.1 -- vllm-project/vllm#23983
+aiohttp==3.10.5 \\
+    --hash={H1}
+    # via
+    #   ray
+    #   vllm
+aiosignal==1.3.1 --hash={H2}
+    # via aiohttp, ray
+frozenlist==1.4.1 --hash={H3}
+    # via aiosignal
+pyairports==2.1.1 --hash={H1}
+    # supplied (not on the index: vllm-project/vllm#23983): pyairports-2.1.1-py3-none-any.whl
+ray==2.34.0 --hash={H2}
+    # via
+    #   -r requirements.in
+    #   vllm
+torch==2.4.0 --hash={H3}
+    # via
+    #   -r requirements.in
+    #   -c constraints.txt
+    #   vllm
+vllm==0.5.4 --hash={H1}
+    # via -r requirements.in
+"""
+
+
+def test_via_annotations_read_both_of_uvs_forms_and_leave_out_input_files():
+    assert via_annotations(VIA_LOCK) == {
+        "aiohttp": ("ray", "vllm"), "aiosignal": ("aiohttp", "ray"), "frozenlist": ("aiosignal",),
+        "ray": ("vllm",), "torch": ("vllm",), "vllm": ()}
+
+
+@pytest.mark.parametrize("roots, expected", [
+    (["ray[default]==2.34.0"], ["aiohttp==3.10.5", "aiosignal==1.3.1", "frozenlist==1.4.1", "ray==2.34.0"]),
+    (["Ray"], ["aiohttp==3.10.5", "aiosignal==1.3.1", "frozenlist==1.4.1", "ray==2.34.0"]),
+    (["aiosignal==1.3.1"], ["aiosignal==1.3.1", "frozenlist==1.4.1"]),
+    (["frozenlist==1.4.1", "torch==2.4.0"], ["frozenlist==1.4.1", "torch==2.4.0"]),
+    (["pyairports==2.1.1"], ["pyairports==2.1.1"]),
+    (["vllm==0.5.4"], ["aiohttp==3.10.5", "aiosignal==1.3.1", "frozenlist==1.4.1", "ray==2.34.0", "torch==2.4.0",
+                       "vllm==0.5.4"]),
+    ([], []),
+])
+def test_the_closure_of_a_requirement_follows_the_via_edges(roots, expected):
+    assert [str(entry) for entry in dependency_closure(VIA_LOCK, roots, "L")] == expected
+
+
+@pytest.mark.parametrize("text, roots, message", [
+    (VIA_LOCK, ["memray==1.13.4"], r"lock L pins no memray \(asked for memray==1.13.4\); add memray==1.13.4 to the "
+                                   r"release's lock requirements in data/vllm-releases.yml and regenerate"),
+    (VIA_LOCK, ["ray[default]==2.35.0"], r"lock L pins ray==2.34.0, not ray\[default\]==2.35.0; regenerate it"),
+    (VIA_LOCK.replace("# via aiosignal", "# via aiosignal, yarl"), ["ray"],
+     r"lock L: frozenlist is annotated `via yarl`, which the lock does not pin; regenerate it"),
+    (VIA_LOCK.replace("    # via aiosignal\n", ""), ["ray"],
+     r"lock L: no `# via` comment for frozenlist==1.4.1, so its dependencies cannot be followed"),
+])
+def test_a_closure_the_lock_cannot_give_is_refused_with_the_fix(text, roots, message):
+    with pytest.raises(LockError, match=message):
+        dependency_closure(text, roots, "L")

@@ -187,6 +187,84 @@ def test_a_supplied_requirement_must_be_an_exact_pin():
         release_job(loose, "3.10")
 
 
+# --- the lock block's extra requirements (0.5.4: ray[default]==2.34.0 for multi-node serving) -----------------
+
+RAY = {"requirement": "ray[default]==2.34.0", "reason": "r", "source": "vllm-project/vllm#13935"}
+PINNED_BODY = f"torch==2.4.0 --hash={H1}\nvllm==0.5.4 --hash={H1}\nxformers==0.0.27.post2 --hash={H1}\n"
+
+
+def with_requirements(items) -> FakeRelease:
+    made = release()
+    made.lock["requirements"] = items
+    return made
+
+
+def test_extra_requirements_go_into_requirements_in_and_the_header():
+    job = release_job(with_requirements([RAY]), "3.11")
+    assert input_files(job)["requirements.in"] == (
+        "vllm==0.5.4\ntorch==2.4.0\nxformers==0.0.27.post2\nray[default]==2.34.0\n")
+    assert "ray" not in input_files(job)["constraints.txt"]
+    assert job.command == "bin/revive lock 0.5.4 --python 3.11"  # the inputs are the release data, not flags
+    text = render_lock(job, f"ray==2.34.0 --hash={H2}\n" + PINNED_BODY, "uv 0.13.8")
+    lock = parse_lock(text, "x")
+    assert lock.header["requirement"] == ["ray[default]==2.34.0 -- vllm-project/vllm#13935"]
+    assert lock.requirements == ("ray[default]==2.34.0",) and lock.get("ray").version == "2.34.0"
+    assert text.index("# requirement: ") < text.index("# constraint: ")  # the order data/locks/README.md documents
+
+
+def test_a_body_that_does_not_pin_the_extra_requirement_is_refused():
+    job = release_job(with_requirements([RAY]), "3.11")
+    with pytest.raises(LockGenError, match=r"pins ray==2.35.0 for ray\[default\]==2.34.0"):
+        render_lock(job, f"ray==2.35.0 --hash={H2}\n" + PINNED_BODY, "uv 0.13.8")
+    with pytest.raises(LockGenError, match=r"does not parse: .*header lists ray\[default\]==2.34.0 as requirement but "
+                                           r"the lock has no entry for it"):
+        render_lock(job, PINNED_BODY, "uv 0.13.8")
+
+
+def test_a_release_without_extra_requirements_has_no_such_line():
+    job = release_job(release(), "3.10")
+    assert job.added == () and lockgen.lock_requirements(release()) == ()
+    assert "requirement" not in parse_lock(render_lock(job, PINNED_BODY, "uv 0.13.8"), "x").header
+
+
+WHERE = r"data/vllm-releases.yml releases.0.5.4.lock.requirements"
+
+
+@pytest.mark.parametrize("items, message", [
+    ([dict(RAY, requirement="ray[default]>=2.34")],
+     WHERE + r"\[0\].requirement: 'ray\[default\]>=2.34' must be an exact pin name\[extras\]==version without a "
+     r"marker .*e.g. ray\[default\]==2.34.0"),
+    ([dict(RAY, requirement="ray==2.34.*")], WHERE + r"\[0\].requirement: 'ray==2.34.\*' must be an exact pin"),
+    ([dict(RAY, requirement="ray==2.34.0,<3")], WHERE + r"\[0\].requirement: 'ray==2.34.0,<3' must be an exact pin"),
+    ([dict(RAY, requirement="ray[default]==2.34.0; python_version < '3.12'")],
+     WHERE + r"\[0\].requirement: .* must be an exact pin name\[extras\]==version without a marker"),
+    ([dict(RAY, requirement="ray[default==2.34.0")],
+     WHERE + r"\[0\].requirement: 'ray\[default==2.34.0' is not a requirement .*write name\[extras\]==version"),
+    ([{"requirement": "ray==2.34.0", "reason": "r"}],
+     WHERE + r"\[0\]: expected a mapping with requirement, reason and source"),
+    ([RAY, dict(RAY, source="")], WHERE + r"\[1\]: expected a mapping with requirement, reason and source"),
+    (["ray==2.34.0"], WHERE + r"\[0\]: expected a mapping with requirement, reason and source"),
+    ([dict(RAY, requirement="torch==2.4.0")],
+     WHERE + r"\[0\].requirement: torch is already one of the release's pins; drop it here or change the pin"),
+    ([RAY, dict(RAY, requirement="Ray==2.34.0")], WHERE + r": ray is listed more than once; keep one entry"),
+    ({"ray": "2.34.0"}, WHERE + r": expected a list of mappings with requirement, reason and source"),
+])
+def test_a_bad_extra_requirement_is_refused_naming_where_and_how_to_fix(items, message):
+    with pytest.raises(LockGenError, match=message):
+        release_job(with_requirements(items), "3.10")
+
+
+def test_the_real_0_5_4_block_adds_ray_default_and_no_other_release_adds_anything():
+    data = load_release_file(str(REPO / "data" / "vllm-releases.yml"))
+    job = release_job(data.release("0.5.4"), "3.11")
+    assert input_files(job)["requirements.in"].splitlines()[-1] == "ray[default]==2.34.0"
+    (added,) = job.added
+    assert added.requirement == "ray[default]==2.34.0" and "vllm-project/vllm#13935" in added.source
+    for version in data.versions():
+        if version != "0.5.4" and data.release(version).get("lock"):
+            assert lockgen.lock_requirements(data.release(version)) == (), version
+
+
 @pytest.mark.parametrize("body, message", [
     (f"pyairports==2.1.1 --hash={H1}\ntorch==2.4.0 --hash={H1}\nvllm==0.5.4 --hash={H1}\n"
      f"xformers==0.0.27.post2 --hash={H1}\n", r"uv resolved pyairports, which .* excludes as supplied"),

@@ -16,6 +16,7 @@ import pytest
 from ansible.module_utils.revive_lockfile import (
     Lock,
     canonical_name,
+    dependency_closure,
     lock_file_name,
     name_of,
     parse_lock,
@@ -99,6 +100,13 @@ def test_a_release_lock_agrees_with_the_release_data(path, releases):
         assert entry is not None, f"constraint {requirement} names a distribution the lock does not hold"
         assert requirement.specifier.contains(entry.version, prereleases=True), f"{entry} breaks {requirement}"
     assert len(constraints) == len(block["constraints"])
+    added = block.get("requirements") or []
+    assert lock.header.get("requirement", []) == [f"{item['requirement']} -- {item['source'].strip()}"
+                                                  for item in added], "regenerate with bin/revive lock"
+    for item in added:
+        requirement = Requirement(item["requirement"])
+        entry = lock.get(requirement.name)
+        assert entry is not None and requirement.specifier.contains(entry.version), f"{entry} for {requirement}"
     expected_supplied = {canonical_name(name_of(item["requirement"])): item["requirement"]
                          for item in block["supplied"]}
     listed = {canonical_name(name_of(r)): r for r in lock.supplied + lock.missing}
@@ -132,11 +140,32 @@ def test_a_release_lock_header_is_what_the_generator_makes_of_the_release_data(p
     assert not text[len(header):].startswith("#"), f"{path.name}: header lines the generator does not write"
 
 
-@pytest.mark.parametrize("field,value", [("exclude_newer", "2025-07-01"), ("platform", "x86_64-manylinux_2_28"),
-                                         ("constraints", [])])
-def test_a_lock_block_edited_after_locking_is_caught(releases, field, value):
-    release = releases.release("0.8.5.post1")
-    text = (LOCK_DIR / "vllm-0.8.5.post1-py3.10.txt").read_text(encoding="utf-8")
+# ray 2.34.0's METADATA: the Requires-Dist with `extra == 'default'` (for Python >= 3.10 on Linux)
+RAY_DEFAULT_EXTRA = {"aiohttp", "aiohttp-cors", "colorful", "py-spy", "requests", "opencensus", "pydantic",
+                     "prometheus-client", "smart-open", "virtualenv", "grpcio", "memray"}
+RAY_CORE = {"click", "filelock", "jsonschema", "msgpack", "packaging", "protobuf", "pyyaml", "aiosignal", "frozenlist",
+            "requests"}
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.11"])
+def test_the_0_5_4_locks_pin_ray_2_34_0_with_its_default_extra(python):
+    # vLLM 0.5.4 asks for ray>=2.9 only; unpinned, the resolver took 2.35.0 (uploaded after 0.5.4) without the
+    # dashboard and agent dependencies (docs/facts/multi-node.md)
+    path = LOCK_DIR / f"vllm-0.5.4-py{python}.txt"
+    lock = read_lock(path)
+    assert lock.requirements == ("ray[default]==2.34.0",) and lock.get("ray").version == "2.34.0"
+    closure = {entry.key for entry in dependency_closure(path.read_text(encoding="utf-8"), lock.requirements,
+                                                         path.name)}
+    assert RAY_DEFAULT_EXTRA | RAY_CORE | {"ray"} <= closure
+
+
+@pytest.mark.parametrize("version,field,value", [
+    ("0.8.5.post1", "exclude_newer", "2025-07-01"), ("0.8.5.post1", "platform", "x86_64-manylinux_2_28"),
+    ("0.8.5.post1", "constraints", []), ("0.5.4", "requirements", []),
+    ("0.8.5.post1", "requirements", [{"requirement": "ray[default]==2.43.0", "reason": "r", "source": "s"}])])
+def test_a_lock_block_edited_after_locking_is_caught(releases, version, field, value):
+    release = releases.release(version)
+    text = (LOCK_DIR / f"vllm-{version}-py3.10.txt").read_text(encoding="utf-8")
     block = dict(release.get("lock"), **{field: value})
     job = release_job(dataclasses.replace(release, raw=dict(release.raw, lock=block)), "3.10")
     assert not text.startswith(render_header(header_for(job, "uv 0.13.8")))

@@ -1,6 +1,8 @@
 """The twin's wheels: reproducible, PEP 440-matching `vllm==0.5.4`, carrying the module_utils they reuse,
 placeholders for data/vllm-releases.yml's 0.5.4 pins, and an offline install that imports as a simulation;
-one wheel per simulated release (0.8.5.post1 too) and the hash locks a node installs them from."""
+one wheel per simulated release (0.8.5.post1 too) and the hash locks a node installs them from; 0.5.4's twin
+requires the real ray[default]==2.34.0 of its lock block, whose wheels the lab lock pins at the real lock's
+versions (the wheels themselves come from the lab wheelhouse that `bin/lab wheelhouse` builds: make unit does)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,12 +16,22 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+import yaml
 from ansible.module_utils.revive_lockfile import parse_lock
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab" / "vllm_twin"))
 
 import build_wheelhouse  # noqa: E402
+
+sys.path.insert(0, str(REPO / "lab"))
+from labctl import prepare  # noqa: E402
+
+RAY = "ray[default]==2.34.0"
+TWIN_054 = {"vllm": "0.5.4+sim", "torch": "2.4.0+sim", "xformers": "0.0.27.post2+sim",
+            "vllm-flash-attn": "2.6.1+sim", "nvidia-ml-py": "13.615.71"}
 
 
 def test_the_twin_wheel_is_reproducible_and_complete(tmp_path):
@@ -34,6 +46,7 @@ def test_the_twin_wheel_is_reproducible_and_complete(tmp_path):
         record = wheel.read("vllm-0.5.4+sim.dist-info/RECORD").decode()
         bundled = wheel.read("vllm/_revive/module_utils/revive_kv.py")
     assert "Version: 0.5.4+sim" in metadata and "Requires-Dist: nvidia-ml-py==13.615.71" in metadata
+    assert f"Requires-Dist: {RAY}\n" in metadata
     assert "SIMULATION of vLLM 0.5.4" in metadata
     assert bundled == (REPO / "module_utils" / "revive_kv.py").read_bytes()
     assert {"vllm/entrypoints/openai/api_server.py", "vllm/_revive/module_utils/revive_model.py",
@@ -105,6 +118,62 @@ def test_each_release_gets_its_twin_wheel_with_its_release_file_and_pins():
         "xformers-0.0.29.post2+sim-py3-none-any.whl"]
 
 
+# ------------------------------------------------------------------ 0.5.4's real Ray
+
+def test_only_the_054_twin_requires_ray_and_the_pin_is_the_release_datas(tmp_path):
+    assert build_wheelhouse.twin_requirements("0.5.4") == [
+        "torch==2.4.0+sim", "vllm-flash-attn==2.6.1+sim", "xformers==0.0.27.post2+sim", RAY, "nvidia-ml-py==13.615.71"]
+    for version in build_wheelhouse.SIMULATED_RELEASES:
+        if version != "0.5.4":
+            assert not any(r.startswith("ray") for r in build_wheelhouse.twin_requirements(version)), version
+            assert build_wheelhouse.closure_pins(version, "3.11") == [], version
+    # read from the lock block, not a second copy: another pin there is another Requires-Dist
+    data = yaml.safe_load(build_wheelhouse.RELEASES.read_text())
+    data["releases"]["0.5.4"]["lock"]["requirements"][0]["requirement"] = "ray[default]==2.35.0"
+    edited = tmp_path / "vllm-releases.yml"
+    edited.write_text(yaml.safe_dump(data))
+    assert build_wheelhouse.release_lock_requirements("0.5.4", edited) == ["ray[default]==2.35.0"]
+    data["releases"]["0.5.4"]["lock"]["requirements"][0]["requirement"] = "ray[default]>=2.34"
+    edited.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit, match=r"lock.requirements\[0\].requirement: 'ray\[default\]>=2.34' must be an "
+                                         r"exact pin"):
+        build_wheelhouse.release_lock_requirements("0.5.4", edited)
+
+
+def test_the_closure_pins_are_the_real_locks():
+    real = parse_lock(build_wheelhouse.real_lock_path("0.5.4", "3.11").read_text(), "real")
+    pins = build_wheelhouse.closure_pins("0.5.4", "3.11")
+    assert "ray==2.34.0" in pins and len(pins) == len(set(pins))
+    assert all(str(real.get(pin.split("==")[0])) == pin for pin in pins)
+    # ray[default]'s own dependencies are in; vLLM's that Ray does not need are not
+    names = {pin.split("==")[0] for pin in pins}
+    assert {"aiohttp-cors", "colorful", "grpcio", "opencensus", "py-spy", "smart-open", "virtualenv", "memray",
+            "prometheus-client", "pydantic", "msgpack", "protobuf"} <= names
+    assert not names & {"vllm", "torch", "xformers", "transformers", "fastapi", "uvicorn", "numpy"}
+
+
+def wheel_pin(filename: str) -> tuple:
+    name, version, _, _ = parse_wheel_filename(filename)
+    return canonicalize_name(name), str(version)
+
+
+def ray_wheels_from_the_lab_wheelhouse(house: Path) -> list:
+    """Links to the lab wheelhouse's wheels of 0.5.4's Ray closure, so a build in `house` fetches nothing (they are
+    downloaded once by `bin/lab wheelhouse`; make unit runs it first)."""
+    pins = build_wheelhouse.closure_pins("0.5.4", "3.11")
+    absent = [pin for pin in pins if not prepare.wheel_present(prepare.WHEELHOUSE, pin)]
+    if absent:
+        pytest.fail(f"the lab wheelhouse {prepare.WHEELHOUSE} lacks {', '.join(absent)} (0.5.4's Ray): run "
+                    "bin/lab wheelhouse (make unit and make test do)")
+    wanted = {tuple(pin.split("==")) for pin in pins}
+    linked = []
+    for wheel in sorted(prepare.WHEELHOUSE.glob("*.whl")):
+        if wheel_pin(wheel.name) in wanted:
+            (house / wheel.name).symlink_to(wheel)
+            linked.append(wheel.name)
+    return linked
+
+
 def stand_in_nvml_wheel(house: Path) -> Path:
     """nvidia-ml-py 13.615.71 repackaged from this interpreter's installed copy, so the test stays offline
     (build_wheelhouse.py keeps a wheel of that name instead of downloading it from PyPI)."""
@@ -118,11 +187,49 @@ def stand_in_nvml_wheel(house: Path) -> Path:
     return path
 
 
-def test_the_wheelhouse_locks_install_on_a_node_with_the_nodes_argv(tmp_path):
-    house = tmp_path / "wheelhouse"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A wheelhouse built by build_wheelhouse.build, offline: nvidia-ml-py stood in, 0.5.4's Ray linked from the lab
+    wheelhouse, and pip download refused (a complete wheelhouse fetches nothing)."""
+    house = tmp_path_factory.mktemp("built") / "wheelhouse"
     house.mkdir()
     stand_in_nvml_wheel(house)
-    written = build_wheelhouse.build(house)
+    ray_wheels = ray_wheels_from_the_lab_wheelhouse(house)
+
+    def no_download(argv_tail):
+        raise AssertionError(f"pip download {argv_tail}: the wheelhouse already holds every wheel")
+
+    original, prepare._pip_download = prepare._pip_download, no_download
+    try:
+        written = build_wheelhouse.build(house)
+    finally:
+        prepare._pip_download = original
+    return house, written, ray_wheels
+
+
+def test_the_054_lab_lock_pins_ray_and_its_closure_at_the_real_locks_versions(built):
+    house, written, ray_wheels = built
+    assert not any("==" in name for name in written), "nothing was downloaded"
+    closure = {pin.split("==")[0]: pin.split("==")[1] for pin in build_wheelhouse.closure_pins("0.5.4", "3.11")}
+    assert len(ray_wheels) == len(closure)
+    lock_path = house / "locks" / "vllm-0.5.4-py3.11.txt"
+    lock = parse_lock(lock_path.read_text(), str(lock_path))
+    assert {entry.key: entry.version for entry in lock.entries} == dict(closure, **TWIN_054)
+    assert lock.get("ray").version == "2.34.0"
+    real = parse_lock(build_wheelhouse.real_lock_path("0.5.4", "3.11").read_text(), "real")
+    files = {wheel_pin(name): house / name for name in ray_wheels}
+    for name, version in closure.items():
+        digest = "sha256:" + hashlib.sha256(files[(name, version)].read_bytes()).hexdigest()
+        # the lab lock hashes the very file the lab holds, which is one of the files the real lock allows
+        assert lock.get(name).hashes == (digest,) and digest in real.get(name).hashes, name
+    for version in build_wheelhouse.SIMULATED_RELEASES:
+        if version != "0.5.4":
+            other = parse_lock((house / "locks" / f"vllm-{version}-py3.11.txt").read_text(), version)
+            assert other.get("ray") is None and not set(closure) & {entry.key for entry in other.entries}, version
+
+
+def test_the_wheelhouse_locks_install_on_a_node_with_the_nodes_argv(built, tmp_path):
+    house, written, _ = built
     assert {"locks/vllm-0.5.4-py3.11.txt", "locks/vllm-0.8.5.post1-py3.11.txt"} <= set(written)
     assert {f"locks/vllm-{version}-py3.11.txt" for version in build_wheelhouse.SIMULATED_RELEASES} <= set(written)
     assert {f"vllm-{version}+sim-py3-none-any.whl" for version in build_wheelhouse.SIMULATED_RELEASES} <= set(written)
