@@ -57,9 +57,15 @@ def handover_state(info: Mapping[str, Any], front_door: Mapping[str, Any], check
     servers_ready = not has_front_door or (isinstance(servers, Mapping)
                                            and all(s.get("mode") == "ready" for s in servers.values()))
     handed_over = release is not None and len(replicas) > 0 and len(passed) == len(replicas) and servers_ready
+    # A serving group's worker or spare has no server of its own: its stage is warmed up and handed over with the
+    # group's one replica, on the head.
+    group = (release or {}).get("group") or {}
+    behind_head = not replicas and group.get("role") in ("worker", "spare")
     return {"release": release, "servers": list(info.get("servers") or []), "front_door": has_front_door,
-            "check_mode": bool(check_mode), "handed_over": handed_over,
-            "warm_up": not handed_over and not (release is None and check_mode)}
+            "check_mode": bool(check_mode), "handed_over": handed_over or behind_head,
+            "behind_head": {"group": group.get("name"), "role": group.get("role"), "head": group.get("head")}
+            if behind_head else None,
+            "warm_up": not (handed_over or behind_head) and not (release is None and check_mode)}
 
 
 def restored_release(info: Mapping[str, Any], failed_release: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -85,6 +91,12 @@ def handover_result(state: Mapping[str, Any], node: str, record_path: str = "", 
     """
     note = "" if state.get("front_door") else NO_FRONT_DOOR_NOTE
     release = state.get("release")
+    member = state.get("behind_head")
+    if member:
+        return {"node": node, "status": "serving", "release": _id(release, None),
+                "message": f"{node}: the {member['role']} of serving group {member['group']} (release "
+                           f"{_id(release)}) serves through its head {member['head']}, which is warmed up and handed "
+                           "over for the group"}
     if state.get("handed_over"):
         return {"node": node, "status": "serving", "release": _id(release, None),
                 "message": f"{node}: already handed over with release {_id(release)}{note}"}
@@ -180,3 +192,29 @@ def roll_batch_check(serial: Any, batch: Sequence[str], hosts: Sequence[str]) ->
             f"`serial` only from extra vars, never from the inventory. Nothing was changed. Pass it on the command "
             f"line (ansible-playbook ... playbooks/rolling.yml -e revive_rolling_serial={serial}) and remove it from "
             f"the inventory.")
+
+
+def roll_order(hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str]) -> Dict[str, Any]:
+    """How rolling.yml rolls `hosts` (the fit GPU nodes): a serving group whose plan spans nodes rolls as one - its
+    stages cannot serve on two releases, so the whole group leaves the front door at once - one group after the
+    other, its head first; every other node rolls alone, revive_rolling_serial at a time. From each node's planned
+    release (host fact revive_release, its `group` section).
+
+    {group_hosts: the groups' members in roll order, group_batches: one batch size per group (a play's `serial`
+    list), groups: [{name, members}], single_hosts: the rest, in the order given, hosts: all of them, the roll's
+    fleet (its failure policy counts them all)}."""
+    groups: Dict[str, List[Tuple[int, str]]] = {}
+    singles: List[str] = []
+    for host in list(hosts):
+        facts = (hostvars.get(host) or {}).get("ansible_facts") or {}
+        group = (facts.get("revive_release") or {}).get("group") or {}
+        if not group.get("name"):
+            singles.append(host)
+            continue
+        rank = {"head": 0, "worker": 1}.get(str(group.get("role")), 2)
+        groups.setdefault(str(group["name"]), []).append((rank * 1000 + int(group.get("stage") or 0), host))
+    ordered = [{"name": name, "members": [host for _, host in sorted(members)]}
+               for name, members in sorted(groups.items())]
+    group_hosts = [host for group in ordered for host in group["members"]]
+    return {"group_hosts": group_hosts, "group_batches": [len(group["members"]) for group in ordered],
+            "groups": ordered, "single_hosts": singles, "hosts": group_hosts + singles}

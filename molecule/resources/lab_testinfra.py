@@ -5,6 +5,8 @@
 - `lab_status()` / the `lab` fixture: `bin/lab status --json` of the scenario's lab (addresses, profiles).
 - `lab_hosts(group)`: the scenario's hosts in an inventory group, for a test module's `testinfra_hosts`.
 - `nvml_view(host)`: what unmodified pynvml (the controller's pinned nvidia-ml-py) reports on a lab host.
+- `haproxy_runtime(host, command)` / `haproxy_servers(host)`: HAProxy's runtime API on the lb host (the rootfs has
+  no socat: the host's python3 talks to the socket).
 """
 from __future__ import annotations
 
@@ -94,3 +96,19 @@ def profile_as_nvml_view(name: str) -> dict:
         } for g in profile["gpus"]],
         "topology": profile["topology"]["common_ancestor"],
     }
+
+
+HAPROXY_RUNTIME = ("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+                   "s.connect('/run/haproxy/admin.sock'); s.sendall(b'{command}\\n'); "
+                   "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())\"")
+
+
+def haproxy_runtime(host, command: str) -> str:
+    return host.check_output(HAPROXY_RUNTIME.format(command=command))
+
+
+def haproxy_servers(host, backend: str = "vllm") -> dict:
+    """{server name: its `show stat` row} of the backend."""
+    lines = [line for line in haproxy_runtime(host, f"show stat {backend} 4 -1").splitlines() if line.strip()]
+    header = lines[0].lstrip("# ").split(",")
+    return {row["svname"]: row for row in (dict(zip(header, line.split(","))) for line in lines[1:])}

@@ -15,6 +15,7 @@ from ansible.module_utils.revive_handover import (
     handover_state,
     restored_release,
     roll_node_result,
+    roll_order,
     roll_policy,
     roll_batch_check,
     roll_summary,
@@ -134,7 +135,16 @@ HANDOVER_STATE = """
 - id: a release without replicas is never handed over
   info: {current: {id: cccccccccccc, replicas: []}, report: {replicas: {}}}
   front_door: {front_door: "", servers: null}
-  expected: {handed_over: false, warm_up: true}
+  expected: {handed_over: false, warm_up: true, behind_head: null}
+- id: a serving group's worker serves through its head and is never warmed up itself
+  info: {current: {id: cccccccccccc, replicas: [], group: {name: g, role: worker, head: node1}}, report: null}
+  front_door: {front_door: lb1, servers: {}}
+  expected: {handed_over: true, warm_up: false, behind_head: {group: g, role: worker, head: node1}}
+- id: a group's head is handed over like any node
+  info: {current: {id: aaaaaaaaaaaa, replicas: [{name: vllm-0}], group: {name: g, role: head, head: node1}},
+         report: {replicas: {vllm-0: PASSED_A}}}
+  front_door: {front_door: lb1, servers: {n1-vllm-0: {mode: maint}}}
+  expected: {handed_over: false, warm_up: true, behind_head: null}
 """
 
 
@@ -240,6 +250,12 @@ HANDOVER_RESULT = """
              message: "node1: release bbbbbbbbbbbb failed (Warm up every replica on the node: HTTP 500); the restored
                release aaaaaaaaaaaa failed its warm-up too (Warm up every replica on the node: HTTP 503); the node
                stays out of the front door (MAINT)"}
+- id: a serving group's worker
+  state: {handed_over: true, warm_up: false, front_door: true, release: {id: cccccccccccc},
+          behind_head: {group: g, role: worker, head: node1}}
+  expected: {status: serving, release: cccccccccccc,
+             message: "node1: the worker of serving group g (release cccccccccccc) serves through its head node1,
+               which is warmed up and handed over for the group"}
 - id: the rollback found nothing to restore
   state: {handed_over: false, warm_up: true, front_door: true, release: {id: bbbbbbbbbbbb}}
   failure: "Warm up every replica on the node: HTTP 500"
@@ -438,3 +454,20 @@ def test_the_roll_decisions_read_a_generator_once():
     policy = roll_policy(iter(results), iter(["node1", "node2", "node3"]), 0)
     assert policy["message"].endswith("m1. Not rolled (still on their release, in the front door): node3.")
     assert roll_summary(iter(results))["message"] == "The roll finished, but node1 did not take the release: m1"
+
+
+def test_the_roll_takes_each_serving_group_as_one_batch_head_first_and_the_other_nodes_alone():
+    def node(group=None, role=None, stage=None):
+        release = {"group": {"name": group, "role": role, "stage": stage}} if group else {"replicas": [{}]}
+        return {"ansible_facts": {"revive_release": release}}
+    hostvars = {"a1": node(), "g2": node("mixtral", "worker", 1), "g1": node("mixtral", "head", 0),
+                "g3": node("mixtral", "spare"), "h1": node("llama", "worker", 1), "h2": node("llama", "head", 0),
+                "z9": node(), "gone": {}}
+    order = roll_order(hostvars, ["z9", "g3", "g2", "h1", "a1", "g1", "h2", "gone"])
+    assert order["groups"] == [{"name": "llama", "members": ["h2", "h1"]},
+                               {"name": "mixtral", "members": ["g1", "g2", "g3"]}]
+    assert order["group_hosts"] == ["h2", "h1", "g1", "g2", "g3"] and order["group_batches"] == [2, 3]
+    assert order["single_hosts"] == ["z9", "a1", "gone"]
+    assert order["hosts"] == order["group_hosts"] + order["single_hosts"]
+    assert roll_order(hostvars, ["a1"]) == {"group_hosts": [], "group_batches": [], "groups": [],
+                                            "single_hosts": ["a1"], "hosts": ["a1"]}

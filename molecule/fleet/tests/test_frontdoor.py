@@ -6,22 +6,12 @@ import json
 import os
 from pathlib import Path
 
+from lab_testinfra import haproxy_runtime as runtime
+from lab_testinfra import haproxy_servers as servers
 from lab_testinfra import lab_hosts
 
 testinfra_hosts = lab_hosts("lb")
 REPLICAS = ("vllm-0", "vllm-1")
-RUNTIME = ("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
-           "s.sendall(b'{command}\\n'); print(b''.join(iter(lambda: s.recv(65536), b'')).decode())\"")
-
-
-def runtime(host, command: str) -> str:
-    return host.check_output(RUNTIME.format(command=command))
-
-
-def servers(host) -> dict:
-    lines = [line for line in runtime(host, "show stat vllm 4 -1").splitlines() if line.strip()]
-    header = lines[0].lstrip("# ").split(",")
-    return {row["svname"]: row for row in (dict(zip(header, line.split(","))) for line in lines[1:])}
 
 
 def expected_servers() -> set:
