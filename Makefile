@@ -43,7 +43,7 @@ lint: venv
 # services and clients, beside the others one after the other. Each scenario's output goes to
 # .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when the streams have ended, then
 # bin/last-failure repeats each failed scenario's last failed task, where a CI log's tail shows it.
-MOLECULE_STREAMS := fleet default,fleet_preflight,model_sync
+MOLECULE_STREAMS := fleet default,fleet_preflight,model_sync,multinode
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
 molecule: venv fakenvml

@@ -140,11 +140,16 @@ def cluster_endpoint(facts: Mapping[str, Any], ansible_host: Any = "", address: 
                      interface: str = "") -> Dict[str, str]:
     """{address, interface} a member is reached at by the group, from its gathered facts: the operator's address,
     else the inventory's `ansible_host` when it is an IP, else the default route's; the interface holding that
-    address unless the operator names one. "" where none is found (check_members then refuses, naming the host)."""
+    address unless the operator names one - the default route's when it is its address (read from the routing
+    table, which also holds when the per-interface facts miss one), else the interface whose facts list it. ""
+    where none is found (check_members then refuses, naming the host)."""
     chosen = address or (str(ansible_host) if _is_ip(ansible_host) else "") or \
         str((facts.get("default_ipv4") or {}).get("address") or "")
     if interface or not chosen:
         return {"address": chosen, "interface": interface}
+    route = facts.get("default_ipv4") or {}
+    if route.get("address") == chosen and route.get("interface"):
+        return {"address": chosen, "interface": str(route["interface"])}
     for name in facts.get("interfaces") or []:
         device = facts.get(str(name).replace("-", "_")) or {}
         if chosen in _addresses(device):

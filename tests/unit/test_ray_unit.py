@@ -78,6 +78,7 @@ FACTS = {"interfaces": ["lo", "host0", "eth-b"], "default_ipv4": {"address": "19
 @pytest.mark.parametrize("args, expected", [
     (("10.213.0.11",), {"address": "10.213.0.11", "interface": "host0"}),
     (("node1.lab",), {"address": "192.168.1.5", "interface": "eth-b"}),
+    (("192.168.1.5",), {"address": "192.168.1.5", "interface": "eth-b"}),
     (("10.213.0.11", "10.213.0.99"), {"address": "10.213.0.99", "interface": "host0"}),
     (("", "fd00::11"), {"address": "fd00::11", "interface": "host0"}),
     (("", "10.9.9.9"), {"address": "10.9.9.9", "interface": ""}),
@@ -86,3 +87,8 @@ FACTS = {"interfaces": ["lo", "host0", "eth-b"], "default_ipv4": {"address": "19
 def test_a_members_address_and_interface_come_from_its_facts(args, expected):
     assert cluster_endpoint(FACTS, *args) == expected
     assert cluster_endpoint({}, "node1.lab") == {"address": "", "interface": ""}
+
+
+def test_the_default_routes_interface_stands_when_the_interface_facts_miss_it():
+    facts = {"interfaces": ["lo"], "default_ipv4": {"address": "10.213.1.12", "interface": "eth0"}}
+    assert cluster_endpoint(facts, "10.213.1.12") == {"address": "10.213.1.12", "interface": "eth0"}
