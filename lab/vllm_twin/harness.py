@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 TWIN_SRC = REPO / "lab" / "vllm_twin" / "src"
@@ -104,10 +104,12 @@ class Twin:
 
 
 def start(model: Path, args: Sequence[str], env: Dict[str, str], log_path: Path, wait: bool = True,
-          timeout: float = 60.0, served_name: Optional[str] = None, cpu: Optional[int] = None) -> Twin:
-    """Start the twin; with `wait`, return once /health answers 200 (raises with the log if it exits)."""
+          timeout: float = 60.0, served_name: Optional[str] = None, cpu: Optional[int] = None,
+          python: Optional[str] = None) -> Twin:
+    """Start the twin; with `wait`, return once /health answers 200 (raises with the log if it exits). `python`:
+    the interpreter (default: this one), e.g. a lab node's Python 3.11 venv with Ray (tests/unit/test_twin_ray.py)."""
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", "127.0.0.1", "--port", str(port), *args]
     if served_name:
         argv += ["--served-model-name", served_name]
@@ -163,8 +165,10 @@ class StreamResult:
         return [json.loads(e) for e in self.events if e != "[DONE]"]
 
 
-def stream(twin: Twin, path: str, body: dict, headers: Optional[dict] = None, timeout: float = 60.0) -> StreamResult:
-    """POST and read the SSE stream to its end (or until the server cuts it)."""
+def stream(twin: Twin, path: str, body: dict, headers: Optional[dict] = None, timeout: float = 60.0,
+           on_event: Optional[Callable[[str], None]] = None) -> StreamResult:
+    """POST and read the SSE stream to its end (or until the server cuts it); `on_event` sees each data: payload
+    as it arrives."""
     conn = http.client.HTTPConnection("127.0.0.1", twin.port, timeout=timeout)
     result = StreamResult(status=0, sent=time.perf_counter())
     try:
@@ -191,6 +195,8 @@ def stream(twin: Twin, path: str, body: dict, headers: Optional[dict] = None, ti
                 if line.startswith(b"data: "):
                     result.events.append(line[6:].rstrip(b"\r").decode())
                     result.times.append(now)
+                    if on_event is not None:
+                        on_event(result.events[-1])
         result.complete = True
     except (http.client.IncompleteRead, http.client.RemoteDisconnected, ConnectionError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"

@@ -10,13 +10,20 @@ NCCL_P2P_DISABLE is unset); else shared host memory (SHM; its ring crosses socke
 else, with NCCL_SHM_DISABLE=1 as well, the network transport over loopback sockets, the slowest (the field
 setting).
 
+Pipeline parallelism (PP > 1): `PipelineModel`, the step-by-step form of revive_perf.pipeline_loop (the planner's
+cost of TP inside a node, PP across nodes). One step of a virtual engine passes every stage: S x the stage's step
+(the largest stage's layers and weights), (S - 1) stage-to-stage sends of hidden + residual (`stage_hop_seconds`),
+the prompt tokens' input preparation once. The S virtual engines step concurrently, each stage busy with a
+different one's micro-batch (runner.py), which is how pipeline_loop's throughput arises.
+
 CALIBRATION: tests/unit/test_perf_calibration.py runs the engine in virtual time (calibrate.py) for 8x
 V100-PCIe, a 20B FP16 model, TP=8 with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 and the field flags against
 data/field-calibration.yml (docs/field-report.md ('Results')).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
 
 from vllm._revive import module_utils
 
@@ -51,6 +58,42 @@ def choose_transport(tensor_parallel_size: int, nvlink_connected: bool, all_p2p:
     reason = "NCCL_P2P_DISABLE=1" if p2p_disabled else "no P2P between every pair"
     return _perf.group_transport(name, tensor_parallel_size, crosses and name != "none",
                                  _DESCRIPTIONS[name].format(path=slowest_path, reason=reason))
+
+
+# --- pipeline parallelism (issue 16) ------------------------------------------------------------------------
+
+
+def stage_hop_seconds(tokens: float, hidden_size: int, link_bytes_per_s: float) -> float:
+    """One stage-to-stage send of `tokens` tokens: revive_perf.pipeline_loop's hop(m), NODE_HOP_S plus hidden +
+    residual in FP16 per token (v0.5.4 vllm/model_executor/models/llama.py:331-334) over the link."""
+    return _perf.NODE_HOP_S + tokens * 2 * hidden_size * 2 / link_bytes_per_s
+
+
+@dataclass
+class PipelineModel:
+    """Step costs of one replica of `stages` pipeline stages: `stage` is the largest stage's PerfModel (its layers,
+    weights and KV bytes per token, TP ranks of one node), `link_bytes_per_s` the link between the stages."""
+
+    stage: PerfModel
+    stages: int
+    link_bytes_per_s: float
+
+    def step(self, prefill_lengths: Sequence[int], decode_contexts: Sequence[int],
+             swapped_blocks: int = 0, block_bytes: int = 0) -> StepCost:
+        """One virtual engine's step through every stage, as revive_perf.pipeline_loop composes it: S stage steps
+        (their engine-loop CPU share included, as its stage(b) is), the input preparation of the prompt tokens
+        once, and S - 1 hops. The GPUs of each stage are busy for one stage step of it."""
+        one = self.stage.step(prefill_lengths, decode_contexts, swapped_blocks, block_bytes)
+        if self.stages == 1 or one.seconds == 0:
+            return one
+        tokens = sum(prefill_lengths) + len(decode_contexts)
+        prompt_once = (self.stages - 1) * _perf.CPU_PREFILL_TOKEN_S * sum(prefill_lengths)
+        hops = (self.stages - 1) * stage_hop_seconds(tokens, self.stage.model.hidden_size, self.link_bytes_per_s)
+        seconds = self.stages * one.seconds + (hops - prompt_once) * self.stage.slowdown
+        return StepCost(seconds, one.gpu_busy_seconds, one.memory_busy_seconds)
+
+
+StepModel = Union[PerfModel, PipelineModel]
 
 
 # --- start-up timing --------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ Process-level behaviour the lab depends on, per simulated release (vllm/_twin/re
   in-flight requests finish first; but if the TP worker processes get the signal too (systemd's default
   KillMode=control-group), the engine dies with them: 0.5.4 cuts the streams, 0.8.5.post1 ends them with
   an error event and [DONE].
-* A dead engine while serving (a worker died): 0.5.4 stays up, /health answers 500. 0.8.5.post1 ends open
+* A dead engine while serving (a worker died): 0.5.4 stays up, /health answers 500. On 0.5.4's Ray executor
+  a worker (or its node) that dies is noticed at the engine's next step, at once while requests run
+  (vllm/_twin/ray_executor.py); the engine is then dead the same way. 0.8.5.post1 ends open
   streams with an error event and [DONE], answers 500, and its watchdog (every 5 s, launcher.py:85-108)
   or the first 500 stops the server: exit 0 (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set).
 * SIGKILL, OOM kill and crashes cut streams the same way (the kernel closes the sockets).
@@ -277,7 +279,8 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     release = current()
     loop = asyncio.get_running_loop()
     frontend_multiprocessing = not args.disable_frontend_multiprocessing
-    engine = Engine(setup.engine_config)
+    engines = [Engine(setup.engine_config) for _ in range(setup.virtual_engines)]
+    ray_cluster = setup.ray_executor
     vllm_metrics = None
     if not args.disable_log_stats:
         graph_sizes = [] if args.enforce_eager else perf.graph_batch_sizes(setup.engine_config.max_num_seqs)
@@ -286,9 +289,11 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
         vllm_metrics.set_cache_config(setup.cache_config_info)
     utilization = UtilizationReporter(settings.utilization_file, [g.nvml_index for g in setup.group],
                                       settings.busy_gpu_rank, settings.busy_gpu_extra_percent, vlog.sim)
+    if ray_cluster is not None:
+        utilization.remote = ray_cluster.mirror_utilization
     utilization.maybe_flush(force=True)
-    runner = Runner(engine, setup.perf_model, settings, setup.block_bytes, vllm_metrics, not args.disable_log_stats,
-                    utilization)
+    runner = Runner(engines, setup.perf_model, settings, setup.block_bytes, vllm_metrics, not args.disable_log_stats,
+                    utilization, setup.cache_blocks)
     api_key = os.environ.get("VLLM_API_KEY") or args.api_key
     if isinstance(api_key, list):  # releases whose --api-key takes several keys
         api_key = api_key[0] if api_key else None
@@ -311,6 +316,10 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
         access_log = False
     server = HttpServer(app, stdout_log, access_log=access_log)
     stop = asyncio.Event()
+
+    def leave_ray() -> None:
+        if ray_cluster is not None and not ray_cluster.closing:
+            ray_cluster.shutdown()
 
     def crash(reason: str) -> None:
         vlog.error("twin", f"[twin fault] simulated crash ({reason}); exiting with status {settings.crash_exit_code}")
@@ -341,6 +350,13 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
 
     if workers.pids:
         workers.watch(worker_died)
+
+    def ray_worker_lost(reason: str) -> None:
+        if not runner.worker_lost(reason):
+            vlog.sim("the engine is idle: vLLM 0.5.4 learns of the lost worker from its next model execution, so "
+                     "/health answers 200 until a request arrives, which then fails and leaves the engine dead")
+
+    watch_task = loop.create_task(ray_cluster.watch(ray_worker_lost)) if ray_cluster is not None else None
 
     ssl_context = None
     if args.ssl_certfile:
@@ -375,6 +391,7 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
         stdout_log(f"ERROR:    {exc}")
         utilization.clear()
         workers.kill_all()
+        leave_ray()
         return 1
     if release.behaviour.uvicorn_running_line:
         stdout_log(f"INFO:     Uvicorn running on {scheme}://{args.host or '0.0.0.0'}:{args.port} (Press CTRL+C to "
@@ -405,6 +422,9 @@ async def _serve(args, setup: startup.EngineSetup, settings: settings_mod.Settin
     engine_task.cancel()
     workers.kill_all()
     utilization.clear()
+    if watch_task is not None:
+        watch_task.cancel()
+    leave_ray()
     return code
 
 

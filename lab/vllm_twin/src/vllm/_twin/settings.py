@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
 from vllm._twin.tokens import ANSWER_LENGTH_MEDIAN, ANSWER_LENGTH_SIGMA
+from vllm._twin.utilization import DEFAULT_UTILIZATION_FILE
 
 ENV_FILE_VARIABLE = "VLLM_SIM_ENV_FILE"
 DEFAULT_ENV_FILE = "/etc/vllm-sim/twin.env"
@@ -20,6 +21,10 @@ DEFAULT_COLD_START_REQUESTS = 20
 DEFAULT_COLD_START_FACTOR = 4.0
 # VLLM_SIM_ANSWER_MEDIAN's upper end: a median answer longer than any context the twin serves is a typo.
 MAX_ANSWER_MEDIAN = 131072
+# VLLM_SIM_NODE_LINK_GBIT: the planner's default link between a serving group's nodes (revive_plan NodeGroup.link_gbit)
+# and its bound (inputs.py `group.link_gbit`: above 0, at most 10 000 Gbit/s)
+DEFAULT_NODE_LINK_GBIT = 25.0
+MAX_NODE_LINK_GBIT = 10000.0
 
 
 class SettingsError(ValueError):
@@ -33,7 +38,9 @@ class Settings:
     cold_start_requests: int = DEFAULT_COLD_START_REQUESTS  # VLLM_SIM_COLD_START_REQUESTS
     cold_start_factor: float = DEFAULT_COLD_START_FACTOR    # VLLM_SIM_COLD_START_FACTOR
     answer_median: float = ANSWER_LENGTH_MEDIAN  # VLLM_SIM_ANSWER_MEDIAN: tokens, EOS included
-    utilization_file: str = "/run/fake-nvml/utilization.json"  # FAKE_NVML_UTILIZATION
+    utilization_file: str = DEFAULT_UTILIZATION_FILE  # FAKE_NVML_UTILIZATION
+    # VLLM_SIM_NODE_LINK_GBIT: the network between the nodes of a pipeline (Gbit/s), which vLLM has no argument for
+    node_link_gbit: float = DEFAULT_NODE_LINK_GBIT
     # VLLM_SIM_METRICS_CLOCK: "wall" (as vLLM: the latency histograms observe elapsed wall seconds) or "modelled"
     # (they observe modelled seconds, wall / time_scale, so a time-scaled lab's histograms read like the node's)
     metrics_clock: str = "wall"
@@ -75,6 +82,7 @@ class Settings:
             "answer_length": {"median": self.answer_median, "sigma": ANSWER_LENGTH_SIGMA},
             "utilization_file": self.utilization_file,
             "metrics_clock": self.metrics_clock,
+            "node_link_gbit": self.node_link_gbit,
             "env_file": self.env_file,
             "faults": self.faults(),
         }
@@ -82,6 +90,10 @@ class Settings:
     def metrics_duration_factor(self) -> float:
         """What the latency histograms multiply an elapsed wall duration by (metrics_clock)."""
         return 1.0 / self.time_scale if self.metrics_clock == "modelled" else 1.0
+
+    def node_link_bytes_per_s(self) -> float:
+        """The node link in bytes/s, as the planner converts it (revive_plan NodeGroup.link_bytes_per_s)."""
+        return self.node_link_gbit * 1e9 / 8
 
     def effective_cold_start_requests(self) -> int:
         return self.warmup_requests if self.warmup_requests is not None else self.cold_start_requests
@@ -98,6 +110,7 @@ _VARIABLES: List[Tuple[str, str, str]] = [
     ("VLLM_SIM_ANSWER_MEDIAN", "answer_median", "answer_length"),
     ("FAKE_NVML_UTILIZATION", "utilization_file", "text"),
     ("VLLM_SIM_METRICS_CLOCK", "metrics_clock", "clock"),
+    ("VLLM_SIM_NODE_LINK_GBIT", "node_link_gbit", "link_gbit"),
     ("VLLM_SIM_FAULT_WARMUP_REQUESTS", "warmup_requests", "non_negative_int"),
     ("VLLM_SIM_FAULT_LATENCY_DRIFT", "latency_drift_per_minute", "non_negative_float"),
     ("VLLM_SIM_FAULT_ERROR_RATE", "error_rate", "fraction"),
@@ -132,6 +145,8 @@ def _parse(variable: str, kind: str, raw: str):
         fail("a number")
     if kind == "positive_float" and not value > 0:
         fail("a number > 0")
+    if kind == "link_gbit" and not 0 < value <= MAX_NODE_LINK_GBIT:
+        fail(f"a link speed in Gbit/s above 0 and at most {MAX_NODE_LINK_GBIT:g}")
     if kind == "answer_length" and not 1 <= value <= MAX_ANSWER_MEDIAN:
         fail(f"a number of tokens between 1 and {MAX_ANSWER_MEDIAN}")
     if kind in ("non_negative_int", "non_negative_float") and value < 0:

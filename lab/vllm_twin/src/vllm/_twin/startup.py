@@ -4,8 +4,12 @@ CUDA-graph capture, in 0.5.4's order, with its messages and exception types.
 Sources (sections of docs/facts/vllm-volta.md, and the 0.5.4 code they cite):
 * EngineArgs.create_engine_config: ModelConfig (dtype §1.4, max_model_len §2.1, quantization §7.3),
   CacheConfig (`GPU memory utilization must be less than 1.0`), ParallelConfig (mp backend; more GPUs
-  than visible: the Ray path, since a real `pip install vllm==0.5.4` brings ray), SchedulerConfig
-  (§3.5), then EngineConfig's verify_with_parallel_config (heads divisible by TP, swap space §3.4).
+  than visible: Ray, if it imports), SchedulerConfig (§3.5), then EngineConfig's verify_with_parallel_config
+  (heads divisible by TP, swap space §3.4).
+* The Ray executor (0.5.4, backend ray): a real Ray cluster, placement group and one actor per GPU
+  (vllm/_twin/ray_executor.py, docs/facts/multi-node.md §1.3), between the configuration and the engine.
+* Pipeline parallelism: the layers split per stage, each stage's weights, and the KV cache of the worker with
+  the fewest blocks, divided among the PP virtual engines (vllm/_twin/pipeline.py, docs/facts/multi-node.md §1.4).
 * Worker.init_device: the BF16 check (§1.4). load_model: quantization capability (§7.3), xFormers'
   head sizes and logit soft-capping (§1.3), then the weights (torch's OOM message when they do not fit).
 * determine_num_available_blocks: module_utils/revive_kv.py (0.5.4's algorithm, §3.1-§3.4), logged as
@@ -23,13 +27,14 @@ choice of arg_utils.py happens there), and sizes the KV cache with revive_kv's `
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from vllm._revive import module_utils
 from vllm._twin import gpus as gpu_mod
-from vllm._twin import perf, vlog
+from vllm._twin import perf, pipeline, vlog
 from vllm._twin.engine import EngineConfig
 from vllm._twin.release import current, pick
 from vllm._twin.settings import Settings
@@ -91,8 +96,8 @@ class EngineSetup:
     facts: Dict[str, Any]
     dtype: str                      # float16 / bfloat16 / float32
     max_model_len: int
-    engine_config: EngineConfig
-    perf_model: perf.PerfModel
+    engine_config: EngineConfig                 # one virtual engine's
+    perf_model: perf.StepModel
     group: List[gpu_mod.Gpu]
     transport: perf.Transport
     kv: Any
@@ -100,6 +105,9 @@ class EngineSetup:
     block_bytes: int
     worker_count: int
     timings: Dict[str, float] = field(default_factory=dict)
+    virtual_engines: int = 1                    # one scheduler per pipeline stage, each with 1/PP of the blocks
+    cache_blocks: Optional[Tuple[int, int]] = None  # the whole cache's (GPU, CPU) blocks, as 0.5.4 logs them
+    ray_executor: Any = None                    # vllm/_twin/ray_executor.RayExecutor on the Ray path
 
 
 def oom_message(tried_bytes: int, gpu_index: int, total: int, free: int, process_used: int,
@@ -268,7 +276,15 @@ def build_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings:
         raise
     if not engine_first and engine_started is not None:
         engine_started()
-    return _start_engine(args, facts, environ, settings, wait, worker_prefixes, config)
+    ray_sessions: List[Any] = []
+    try:
+        return _start_engine(args, facts, environ, settings, wait, worker_prefixes, config, ray_sessions)
+    except StartupFailure:
+        # 0.5.4's engine process ends with its error: Ray frees its actors and placement group, a private
+        # instance stops (the twin's API process may stay up: #7213)
+        for session in ray_sessions:
+            session.shutdown()
+        raise
 
 
 @dataclass
@@ -334,12 +350,15 @@ def _configure(args, facts: Dict[str, Any], environ: Dict[str, str]) -> _Config:
     if backend is None and world > 1:
         backend = "mp"
         if len(visible) < world:
-            backend = "ray"  # a real install has ray (0.5.4 brings it; 0.8.5.post1: Requires-Dist ray[cgraph])
+            if release.legacy:
+                from vllm._twin import ray_executor
+                ray_executor.import_ray(defaulted=True)  # v0.5.4 vllm/config.py:706-716
+            # 0.8.5.post1's twin keeps its simulated Ray path (Requires-Dist ray[cgraph] brings Ray)
+            backend = "ray"
         vlog.info(pick("config.py:729", "config.py:1770"), f"Defaulting to use {backend} for distributed inference")
-    if release.legacy and backend == "ray" and world > len(visible):
-        vlog.info("worker.py:1740", "Started a local Ray instance.")
-        raise StartupFailure("ValueError", "The number of required GPUs exceeds the total number of available "
-                             "GPUs in the placement group.")
+    elif release.legacy and backend == "ray":
+        from vllm._twin import ray_executor
+        ray_executor.import_ray(defaulted=False)  # ParallelConfig._verify_args (v0.5.4 vllm/config.py:753-755)
     if chunked is None:
         chunked = max_model_len > release.data.chunked_prefill_auto_above
     max_num_batched_tokens = args.max_num_batched_tokens
@@ -481,8 +500,9 @@ def check_quantization_capability(quantization: Optional[str], gpu: gpu_mod.Gpu)
 
 def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings: Settings,
                   wait: Callable[[float], None], worker_prefixes: Callable[[int], List[str]],
-                  config: _Config) -> EngineSetup:
-    """The engine: executor and workers, model load, KV sizing, CUDA graphs."""
+                  config: _Config, ray_sessions: List[Any]) -> EngineSetup:
+    """The engine: executor and workers, model load, KV sizing, CUDA graphs. A Ray executor it starts is appended
+    to `ray_sessions` at once, so that a later failure leaves the cluster."""
     release = current()
     behaviour = release.behaviour
     revive_kv = module_utils("revive_kv")
@@ -490,6 +510,14 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     visible, pynvml, world = config.visible, config.pynvml, config.world
     max_num_batched_tokens, chunked, max_num_seqs = config.max_num_batched_tokens, config.chunked, config.max_num_seqs
     kv_dtype = dtype if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    ray_cluster = None
+    if release.legacy and config.backend == "ray":
+        # initialize_ray_cluster runs before the engine is built (v0.5.4 vllm/engine/async_llm_engine.py:438-442)
+        from vllm._twin import ray_executor
+        ray_cluster = ray_executor.RayExecutor(ray_executor.import_ray(defaulted=False))
+        ray_sessions.append(ray_cluster)
+        ray_cluster.initialize_cluster(world, settings.time_scale)
     if release.legacy:
         vlog.info("llm_engine.py:174", (
             f"Initializing an LLM engine (v{_version()}) with config: model={args.model!r}, speculative_config=None, "
@@ -532,19 +560,32 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     # --- executor and workers ---------------------------------------------------------------------
     if not release.legacy and config.backend == "ray" and world > len(visible):
         wait_for_placement_group(world, wait)
-    group = visible[:world]
-    topo = gpu_mod.topology(pynvml, group)
-    prefixes = worker_prefixes(world)
+    if ray_cluster is not None:
+        ray_cluster.start_workers(tp, pp, args.gpu_memory_utilization)
+        # the driver's GPUs are the ones Ray gave its node: 0.5.4 sets CUDA_VISIBLE_DEVICES to them in every
+        # process of the node, the driver's too (v0.5.4 vllm/executor/ray_gpu_executor.py:186-214)
+        node_gpus = ",".join(str(g) for g in ray_cluster.driver_node_gpus())
+        visible, pynvml = discover_gpus(dict(environ, CUDA_VISIBLE_DEVICES=node_gpus))
+        group = visible
+        topo = gpu_mod.topology(pynvml, group[:tp])
+        prefixes = ray_cluster.worker_prefixes()
+        vlog.sim(f"Ray workers: {world} actors of the real cluster stand for vLLM's workers (nothing runs on them); "
+                 "their log lines below are printed by the twin with Ray's prefix")
+    else:
+        group = visible[:world]
+        topo = gpu_mod.topology(pynvml, group)
+        prefixes = worker_prefixes(world)
     wait(perf.init_seconds(world))
     all_reduce = release.data.custom_all_reduce
-    if world > 1 and not args.disable_custom_all_reduce:
+    # one custom all-reduce per tensor-parallel group (v0.5.4 vllm/distributed/parallel_state.py:161-169, 931-950)
+    if tp > 1 and not args.disable_custom_all_reduce:
         for prefix in [""] + prefixes:
-            if world not in all_reduce["world_sizes"]:
+            if tp not in all_reduce["world_sizes"]:
                 vlog.warning(pick("custom_all_reduce.py:81", "custom_all_reduce.py:97"), "Custom allreduce is "
-                             f"disabled due to an unsupported world size: {world}. Supported world sizes: "
+                             f"disabled due to an unsupported world size: {tp}. Supported world sizes: "
                              f"{all_reduce['world_sizes']}. To silence this warning, specify "
                              "disable_custom_all_reduce=True explicitly.", prefix)
-            elif world > all_reduce["pcie_only_max_world_size"] and not topo.all_nvlink:
+            elif tp > all_reduce["pcie_only_max_world_size"] and not topo.all_nvlink:
                 vlog.warning(pick("custom_all_reduce.py:118", "custom_all_reduce.py:136"), "Custom allreduce is "
                              "disabled because it's not supported on more than two PCIe-only GPUs. To silence this "
                              "warning, specify disable_custom_all_reduce=True explicitly.", prefix)
@@ -553,7 +594,9 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                              "disabled because your platform lacks GPU P2P capability or P2P test failed. To silence "
                              "this warning, specify disable_custom_all_reduce=True explicitly.", prefix)
     forced_xformers = not release.legacy and environ.get("VLLM_ATTENTION_BACKEND") == "XFORMERS"
-    for rank, gpu in enumerate(group):
+    # the driver's node is the only one whose GPUs the twin reads (a serving group's nodes are identical)
+    rank_gpus = [group[rank] if rank < len(group) else group[0] for rank in range(world)]
+    for rank, gpu in enumerate(rank_gpus):
         prefix = "" if rank == 0 else prefixes[rank - 1]
         if forced_xformers:  # the selected backend is taken as it is (v0.8.5.post1:vllm/platforms/cuda.py:227-229)
             vlog.info("cuda.py:228", "Using XFormers backend.", prefix)
@@ -588,12 +631,23 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
         raise StartupFailure("ValueError", f"Head size {head_size} is not supported by PagedAttention. Supported "
                              f"head sizes are: {supported}.")
     context = revive_kv.CUDA_CONTEXT_BYTES
-    weights = revive_kv.weights_per_gpu_bytes(facts, world, KV_SIZING_DTYPE[dtype])
-    load_time = perf.load_seconds(int(facts["weight_bytes"]))
+    layers = pipeline.stage_layers(int(facts["num_hidden_layers"]), pp)
+    if pp > 1:
+        stage_bytes = pipeline.stage_weight_bytes(facts, layers, revive_kv.DTYPE_BYTES[KV_SIZING_DTYPE[dtype]])
+        rank_weights = [math.ceil(stage_bytes[rank // tp] / tp) for rank in range(world)]
+    else:
+        rank_weights = [revive_kv.weights_per_gpu_bytes(facts, world, KV_SIZING_DTYPE[dtype])] * world
+    # every node loads its own ranks' weights from its own disk, the nodes at once
+    rank_nodes = [w.node_id for w in ray_cluster.workers] if ray_cluster is not None else [""] * world
+    node_bytes: Dict[str, int] = {}
+    for node, size in zip(rank_nodes, rank_weights):
+        node_bytes[node] = node_bytes.get(node, 0) + size
+    load_time = perf.load_seconds(int(facts["weight_bytes"] * max(node_bytes.values()) / sum(rank_weights)))
     for prefix in [""] + prefixes:
         vlog.info(pick("model_runner.py:720", "model_runner.py:1108"), f"Starting to load model {args.model}...",
                   prefix)
     for rank, gpu in enumerate(group):
+        weights = rank_weights[rank]
         free = gpu.cuda_total_bytes - gpu.used_bytes - context
         if weights > free:
             wait(load_time * max(free, 0) / weights)
@@ -602,7 +656,7 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                 min(weights - allocated, 1024 * MiB), rank, gpu.cuda_total_bytes, 2 * MiB,
                 context + allocated, allocated))
     wait(load_time)
-    for prefix in [""] + prefixes:
+    for prefix, weights in zip([""] + prefixes, rank_weights):
         if release.legacy:
             vlog.info("model_runner.py:732", f"Loading model weights took {weights / GiB:.4f} GB", prefix)
         else:
@@ -616,12 +670,27 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
     # --- determine_num_available_blocks (revive_kv: the planner's code) -----------------------------
     wait(perf.PROFILE_RUN_SECONDS)
     total = min(g.cuda_total_bytes for g in group)
-    kv = revive_kv.kv_cache_plan(
-        facts, args.tensor_parallel_size, total, args.gpu_memory_utilization,
-        args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, block_size=args.block_size or 16, dtype=KV_SIZING_DTYPE[dtype],
-        release=release.release, sizing=release.data.kv_sizing, enable_chunked_prefill=chunked,
-        kv_cache_dtype=args.kv_cache_dtype, pipeline_parallel_size=args.pipeline_parallel_size)
+
+    def worker_kv(stage: Optional[int]) -> Any:
+        """One worker's estimate: the whole model's share at PP 1, else the stage's layers and weights (undivided:
+        the engine divides the blocks among its virtual engines after logging them)."""
+        stage_args: Dict[str, Any] = {}
+        if stage is not None:
+            stage_args = {"weights_bytes_per_gpu": rank_weights[stage * tp], "stage_layers": layers[stage]}
+        return revive_kv.kv_cache_plan(
+            facts, tp, total, args.gpu_memory_utilization,
+            args.swap_space, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, block_size=args.block_size or 16, dtype=KV_SIZING_DTYPE[dtype],
+            release=release.release, sizing=release.data.kv_sizing, enable_chunked_prefill=chunked,
+            kv_cache_dtype=args.kv_cache_dtype, **stage_args)
+
+    # the executor keeps the fewest GPU and CPU blocks of any worker (v0.5.4
+    # vllm/executor/distributed_gpu_executor.py:27-46): with PP the stage with the most layers and weights, the
+    # last. The sampler's profile term is counted on every stage (0.5.4 samples on the last only,
+    # worker/model_runner.py:1373-1375), which does not change the fewest.
+    stage_kvs = [worker_kv(stage) for stage in range(pp)] if pp > 1 else [worker_kv(None)]
+    kv = min(stage_kvs, key=lambda e: e.num_gpu_blocks)
+    num_cpu_blocks = min(e.num_cpu_blocks for e in stage_kvs)
     block_size = kv.block_size
     if behaviour.memory_profiling_line:
         for prefix in [""] + prefixes:
@@ -642,7 +711,7 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
             errors.append(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
                           f"that can be stored in KV cache ({block_size * num_gpu_blocks}). Try increasing "
                           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-    for where, line in kv_lines(num_gpu_blocks, kv.num_cpu_blocks, block_size, max_model_len, world):
+    for where, line in kv_lines(num_gpu_blocks, num_cpu_blocks, block_size, max_model_len, world):
         vlog.info(where, line)
     if errors:
         raise StartupFailure("ValueError", errors[0])
@@ -691,7 +760,7 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                   "seconds")
 
     transport = perf.choose_transport(
-        world, topo.nvlink_connected, topo.all_p2p, topo.slowest_path,
+        tp, topo.nvlink_connected, topo.all_p2p, topo.slowest_path,
         environ.get("NCCL_P2P_DISABLE", "0") not in ("0", ""), environ.get("NCCL_SHM_DISABLE", "0") not in ("0", ""))
     kv_token_bytes = revive_kv.kv_bytes_per_token(facts, 1, "half" if kv_dtype in ("float16", "bfloat16") else
                                                   ("fp8" if kv_dtype.startswith("fp8") else "float32"))
@@ -699,20 +768,39 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
                             int(facts["hidden_size"]), kv_token_bytes)
     spec = perf.gpu_spec(group[0].name, group[0].architecture)
     max_graph = 0 if args.enforce_eager else max(perf.graph_batch_sizes(max_num_seqs) or [0])
-    model = perf.PerfModel(shape, spec, args.tensor_parallel_size, transport, args.enforce_eager, max_graph)
+    model: perf.StepModel = perf.PerfModel(shape, spec, tp, transport, args.enforce_eager, max_graph)
     vlog.sim(f"tensor-parallel transport: {transport.description}; GPUs (NVML index) "
              f"{[g.nvml_index for g in group]}, slowest path {topo.slowest_path}")
+    if pp > 1:
+        # the planner's stage (module_utils/revive_plan/pipeline.py _evaluate): the largest stage's layers, their
+        # share of the parameters and KV bytes per token, its weights
+        largest = max(layers)
+        num_layers = int(facts["num_hidden_layers"])
+        stage_shape = perf.ModelShape(int(int(facts["parameter_count"]) * largest / num_layers),
+                                      max(stage_bytes), largest, int(facts["hidden_size"]),
+                                      kv_token_bytes * largest // num_layers)
+        if ray_cluster is not None:
+            link, over = settings.node_link_bytes_per_s(), (f"the node link, {settings.node_link_gbit:g} Gbit/s "
+                                                            "(VLLM_SIM_NODE_LINK_GBIT)")
+        else:
+            link, over = transport.bandwidth, f"the stage's NCCL transport inside the node ({transport.name})"
+        model = perf.PipelineModel(perf.PerfModel(stage_shape, spec, tp, transport, args.enforce_eager, max_graph),
+                                   pp, link)
+        vlog.sim(f"pipeline: {pp} stages of layers {layers}, {pp} virtual engines of "
+                 f"{num_gpu_blocks // pp} GPU / {num_cpu_blocks // pp} CPU blocks each; a step passes every stage "
+                 f"(module_utils/revive_perf.py pipeline_loop), hidden + residual sent between stages over {over}")
     engine_config = EngineConfig(
-        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=kv.num_cpu_blocks,
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks // pp, num_cpu_blocks=num_cpu_blocks // pp,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         chunked_prefill=bool(chunked), preemption_mode=args.preemption_mode, delay_factor=args.scheduler_delay_factor,
         seed=args.seed)
-    cache_info = cache_config_info(args, facts, block_size, num_gpu_blocks, kv.num_cpu_blocks)
+    cache_info = cache_config_info(args, facts, block_size, num_gpu_blocks, num_cpu_blocks)
     return EngineSetup(
         model_path=args.model, served_model_names=served, facts=facts, dtype=dtype, max_model_len=max_model_len,
         engine_config=engine_config, perf_model=model, group=group, transport=transport, kv=kv,
         cache_config_info=cache_info, block_bytes=kv.bytes_per_block, worker_count=world - 1,
-        timings={"load_seconds": load_time})
+        timings={"load_seconds": load_time}, virtual_engines=pp, cache_blocks=(num_gpu_blocks, num_cpu_blocks),
+        ray_executor=ray_cluster)
 
 
 def kv_lines(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, max_model_len: int,

@@ -6,7 +6,9 @@ lab/fakenvml reads `$FAKE_NVML_UTILIZATION` (default /run/fake-nvml/utilization.
 last second (NCCL kernels spin while they wait, so communication counts as busy, as on real GPUs), and
 the share of it spent reading memory. Several replicas on one node share the file: each rewrites only
 its own GPUs, under an flock, through a temporary file and rename (no reader sees half a file), at most
-once a second.
+once a second. A replica whose pipeline stages run on other nodes of a Ray cluster (0.5.4's Ray executor,
+vllm/_twin/ray_executor.py) hands the same percentages to `remote`, which has its Ray worker on each other node
+write them for that node's GPUs (vllm/_twin/ray_worker.py).
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import json
 import os
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 WRITE_INTERVAL_SECONDS = 1.0
+DEFAULT_UTILIZATION_FILE = "/run/fake-nvml/utilization.json"  # lab/fakenvml's default for FAKE_NVML_UTILIZATION
 
 
 class UtilizationReporter:
@@ -33,6 +36,9 @@ class UtilizationReporter:
         self.memory_busy = 0.0
         self.disabled = False
         self.last: Dict[str, Dict[str, int]] = {}
+        # (gpu %, memory %) for the replica's GPUs on other nodes, None when the replica goes away
+        self.remote: Optional[Callable[[Optional[Tuple[int, int]]], None]] = None
+        self.last_remote: Optional[Tuple[int, int]] = None
 
     def record(self, busy_seconds: float, memory_seconds: float) -> None:
         self.busy += busy_seconds
@@ -52,14 +58,20 @@ class UtilizationReporter:
             extra = self.busy_extra if rank == self.busy_rank else 0
             values[str(index)] = {"gpu": min(100, gpu + extra), "memory": memory}
         if values != self.last:
-            self._write(values)
+            self.write(values)
             self.last = values
+        if self.remote is not None and (gpu, memory) != self.last_remote:
+            self.remote((gpu, memory))
+            self.last_remote = (gpu, memory)
 
     def clear(self) -> None:
         """Remove this replica's GPUs from the file (the process is going away)."""
-        self._write({str(i): None for i in self.indices})
+        self.write({str(i): None for i in self.indices})
+        if self.remote is not None:
+            self.remote(None)
+            self.remote = None
 
-    def _write(self, values: Dict[str, Optional[Dict[str, int]]]) -> None:
+    def write(self, values: Dict[str, Optional[Dict[str, int]]]) -> None:
         if self.disabled:
             return
         directory = os.path.dirname(self.path) or "."
