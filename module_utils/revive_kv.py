@@ -129,10 +129,16 @@ class KvEstimate:
     chunked_prefill: bool
     swap_space_bytes: int
     errors: List[str] = field(default_factory=list)  # what vLLM would raise at start-up
+    # With pipeline stages the blocks above are one virtual engine's; the worker's whole cache is what vLLM logs.
+    whole_gpu_blocks: Optional[int] = None
+    whole_cpu_blocks: Optional[int] = None
 
     def log_line(self) -> str:
-        """The start-up line of the 0.5.x executors (gpu_executor.py:102 / distributed_gpu_executor.py:56)."""
-        return f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: {self.num_cpu_blocks}"
+        """The start-up line of the 0.5.x executors (gpu_executor.py:102 / distributed_gpu_executor.py:56): the
+        worker's whole cache, before the PP virtual engines divide it (v0.5.4 vllm/core/scheduler.py:287-293)."""
+        gpu = self.num_gpu_blocks if self.whole_gpu_blocks is None else self.whole_gpu_blocks
+        cpu = self.num_cpu_blocks if self.whole_cpu_blocks is None else self.whole_cpu_blocks
+        return f"# GPU blocks: {gpu}, # CPU blocks: {cpu}"
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -172,6 +178,35 @@ def cache_block_size_bytes(model: Dict[str, Any], tensor_parallel_size: int = 1,
     layers = stage_layers if stage_layers is not None else int(model["num_hidden_layers"]) // pipeline_parallel_size
     heads = kv_heads_per_gpu(model, tensor_parallel_size)
     return block_size * heads * int(model["head_dim"]) * layers * 2 * DTYPE_BYTES[cache_dtype]
+
+
+def pipeline_stage_layers(num_layers: int, stages: int) -> List[int]:
+    """0.5.4's split of the layers among pipeline stages (get_pp_indices, v0.5.4 vllm/distributed/utils.py:56-86,
+    without VLLM_PP_LAYER_PARTITION): `layers // stages` each, the remainder on the last stage. The planner
+    (module_utils/revive_plan/pipeline.py) sizes a group with it, the twin serves with it."""
+    if stages < 1 or stages > num_layers:
+        raise ValueError(f"{stages} pipeline stages for {num_layers} layers: every stage needs a layer")
+    share = num_layers // stages
+    return [share] * (stages - 1) + [share + num_layers % stages]
+
+
+def pipeline_stage_weight_bytes(model: Dict[str, Any], layers: List[int], dtype_bytes: float) -> List[int]:
+    """Weight bytes of each stage (all its TP ranks together): its layers' share of the parameters outside the
+    embedding and the LM head, plus the embedding (first stage) and the LM head (last; the same matrix when the
+    embeddings are tied, loaded on both). `dtype_bytes`: bytes per parameter once loaded (a quantized checkpoint
+    keeps its packed size)."""
+    if model.get("quantization"):
+        dtype_bytes = int(model["weight_bytes"]) / max(int(model["parameter_count"]), 1)
+    if len(layers) == 1:
+        return [int(model["weight_bytes"]) if model.get("quantization")
+                else int(int(model["parameter_count"]) * dtype_bytes)]
+    vocab_matrix = int(model.get("vocab_size") or 0) * int(model["hidden_size"])
+    head = vocab_matrix
+    outside = int(model["parameter_count"]) - vocab_matrix - (0 if model.get("tie_word_embeddings") else head)
+    per_layer = max(outside, 0) / sum(layers)
+    last = len(layers) - 1
+    return [int(math.ceil((count * per_layer + (vocab_matrix if index == 0 else 0) + (head if index == last else 0))
+                          * dtype_bytes)) for index, count in enumerate(layers)]
 
 
 def kv_bytes_per_token(model: Dict[str, Any], tensor_parallel_size: int = 1, cache_dtype: str = "half") -> int:
@@ -318,7 +353,9 @@ def kv_cache_plan(
     num_gpu_blocks = max(kv_bytes // bytes_per_block, 0)
     swap_bytes = 0 if sizing == "v1" else int(swap_space_gib * GiB)
     num_cpu_blocks = swap_bytes // bytes_per_block
+    whole = {}
     if pipeline_parallel_size > 1 and sizing != "v1":
+        whole = {"whole_gpu_blocks": int(num_gpu_blocks), "whole_cpu_blocks": int(num_cpu_blocks)}
         num_gpu_blocks //= pipeline_parallel_size
         num_cpu_blocks //= pipeline_parallel_size
     tokens = num_gpu_blocks * block_size
@@ -338,4 +375,4 @@ def kv_cache_plan(
         budget_bytes=budget, weights_per_gpu=int(weights), peak_activation=int(peak_activation),
         forward_activation=int(forward), sampler_activation=int(sampler), non_torch=int(non_torch),
         kv_bytes=int(kv_bytes), profile_tokens=int(max_num_batched_tokens), chunked_prefill=chunked,
-        swap_space_bytes=swap_bytes, errors=errors)
+        swap_space_bytes=swap_bytes, errors=errors, **whole)

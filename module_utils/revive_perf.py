@@ -390,6 +390,12 @@ def closed_loop(model: ModelShape, spec: GpuSpec, tensor_parallel_size: int, tra
     return _prediction(step, prefill, b, b, output_tokens, latency)
 
 
+def stage_hop_seconds(tokens: float, hidden_size: int, link_bytes_per_s: float) -> float:
+    """One stage-to-stage send of `tokens` tokens (hop(m) above): NODE_HOP_S plus hidden + residual in FP16 per
+    token (v0.5.4 vllm/model_executor/models/llama.py:331-334) over the link."""
+    return NODE_HOP_S + tokens * 2 * hidden_size * 2 / link_bytes_per_s
+
+
 def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, transport: str,
                   crosses_socket: bool, streams: int, prompt_tokens: int, output_tokens: int, eager: bool,
                   stages: int, link_bytes_per_s: float) -> Prediction:
@@ -404,10 +410,9 @@ def pipeline_loop(stage: ModelShape, spec: GpuSpec, tensor_parallel_size: int, t
     stage_step = (cpu_seconds(b, 0, tp) + weight_read_seconds(stage.weight_bytes, tp, spec)
                   + launch_seconds(layers, not eager) + 2 * layers * latency
                   + kv_read_seconds(b * context, stage.kv_bytes_per_token, tp, spec))
-    activation = 2 * hidden * 2
 
     def hop(tokens: float) -> float:
-        return NODE_HOP_S + tokens * activation / link_bytes_per_s
+        return stage_hop_seconds(tokens, hidden, link_bytes_per_s)
 
     token = stages * stage_step + (stages - 1) * hop(b)
     stage_prefill = (gemm_seconds(stage.parameter_count, prompt_tokens, tp, spec)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from ansible.module_utils.revive_kv import DTYPE_BYTES, kv_bytes_per_token
+from ansible.module_utils.revive_kv import (DTYPE_BYTES, kv_bytes_per_token, pipeline_stage_layers,
+                                           pipeline_stage_weight_bytes)
 from ansible.module_utils.revive_perf import ModelShape, gpu_spec, pipeline_loop
 from ansible.module_utils.revive_plan.gpus import GpuSet
 from ansible.module_utils.revive_plan.inputs import Decisions, NodeGroup, Overrides, PlanRefusal, Workload
@@ -35,31 +36,18 @@ SOURCE = "docs/facts/multi-node.md §1 (v0.5.4 vllm/config.py, distributed/utils
 
 
 def stage_layers(num_layers: int, stages: int) -> List[int]:
-    """0.5.4's split: `layers // stages` each, the remainder on the last stage."""
-    if stages < 1 or stages > num_layers:
-        raise PlanRefusal(f"{stages} pipeline stages for {num_layers} layers: every stage needs a layer",
-                          SOURCE)
-    share = num_layers // stages
-    return [share] * (stages - 1) + [share + num_layers % stages]
+    """0.5.4's split (module_utils/revive_kv.py pipeline_stage_layers); a stage count without a layer for every stage
+    is a refusal."""
+    try:
+        return pipeline_stage_layers(num_layers, stages)
+    except ValueError as exc:
+        raise PlanRefusal(str(exc), SOURCE) from None
 
 
 def largest_stage_weight_bytes(model: Dict[str, Any], layers: List[int], dtype: str) -> int:
-    """Weight bytes of the heaviest stage (all its TP ranks together): its layers' share of the parameters
-    outside the embedding and LM head, plus the embedding (first stage) or the LM head (last)."""
-    total_layers = sum(layers)
-    vocab_matrix = int(model.get("vocab_size") or 0) * int(model["hidden_size"])
-    head = vocab_matrix
-    outside = int(model["parameter_count"]) - vocab_matrix - (0 if model.get("tie_word_embeddings") else head)
-    per_layer = max(outside, 0) / total_layers
-    if model.get("quantization"):
-        scale = int(model["weight_bytes"]) / max(int(model["parameter_count"]), 1)
-    else:
-        scale = DTYPE_BYTES[dtype]
-    if len(layers) == 1:
-        return int(model["weight_bytes"]) if model.get("quantization") else int(model["parameter_count"]) * scale
-    first = layers[0] * per_layer + vocab_matrix
-    last = layers[-1] * per_layer + head
-    return int(math.ceil(max(first, last) * scale))
+    """Weight bytes of the heaviest stage (all its TP ranks together; module_utils/revive_kv.py
+    pipeline_stage_weight_bytes): the first holds the embedding, the last the LM head."""
+    return max(pipeline_stage_weight_bytes(model, layers, DTYPE_BYTES[dtype]))
 
 
 def pp_refusal(model: Dict[str, Any], settings: EngineSettings) -> Optional[str]:

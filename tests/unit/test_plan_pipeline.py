@@ -88,6 +88,10 @@ def test_the_kv_estimate_is_the_largest_stages_with_its_blocks_split_per_virtual
                                release="0.5.4", pipeline_parallel_size=1,
                                weights_bytes_per_gpu=result["kv_cache"]["weights_per_gpu_bytes"], stage_layers=28)
     assert abs(two_stages.num_gpu_blocks * 2 - one_engine.num_gpu_blocks) <= 1
+    # vLLM logs the worker's whole cache, before the virtual engines divide it (v0.5.4 core/scheduler.py:287-293)
+    assert result["kv_cache"]["log_line"] == (f"# GPU blocks: {one_engine.num_gpu_blocks}, "
+                                              f"# CPU blocks: {one_engine.num_cpu_blocks}")
+    assert two_stages.log_line() == one_engine.log_line()
 
 
 def test_a_single_node_is_refused_and_says_so(releases):

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.revive_kv import kv_bytes_per_token, kv_cache_plan
+from ansible.module_utils.revive_kv import (kv_bytes_per_token, kv_cache_plan, pipeline_stage_layers,
+                                           pipeline_stage_weight_bytes)
 from ansible.module_utils.revive_model import inspect_model, model_from_config
-from ansible.module_utils.revive_perf import ModelShape, gpu_spec, pipeline_loop
-from ansible.module_utils.revive_plan.pipeline import largest_stage_weight_bytes, stage_layers
+from ansible.module_utils.revive_perf import ModelShape, gpu_spec, pipeline_loop, stage_hop_seconds
+from ansible.module_utils.revive_plan.pipeline import largest_stage_weight_bytes
 from fixtures.models import model_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ sys.path.insert(0, str(REPO / "lab" / "vllm_twin" / "src"))
 sys.path.insert(0, str(REPO / "lab" / "vllm_twin"))
 
 import harness  # noqa: E402
-from vllm._twin import perf, pipeline, vlog  # noqa: E402
+from vllm._twin import perf, vlog  # noqa: E402
 from vllm._twin.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from vllm._twin.runner import Runner  # noqa: E402
 from vllm._twin.settings import Settings, SettingsError, load  # noqa: E402
@@ -44,25 +45,33 @@ def model(name: str) -> dict:
     return model_from_config(dict(model_config(name, dtype="F16")), f"/data/models/{name}")
 
 
-# --- the stages are the planner's -------------------------------------------------------------------------------
+# --- the stages: module_utils/revive_kv.py's split, which the planner and the twin share -----------------------
 
 @pytest.mark.parametrize("name", ["mixtral-8x22b-instruct", "llama-2-70b-chat", "meta-llama-3-8b-instruct",
                                   "qwen2-7b-instruct-gptq-int4"])
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
-def test_stage_layers_and_the_largest_stages_weights_are_the_planners(name, stages):
+def test_every_layer_lands_on_one_stage_and_the_remainder_on_the_last(name, stages):
     facts = model(name)
-    layers = pipeline.stage_layers(int(facts["num_hidden_layers"]), stages)
-    assert layers == stage_layers(int(facts["num_hidden_layers"]), stages)
-    assert sum(layers) == int(facts["num_hidden_layers"]) and len(layers) == stages
-    assert max(pipeline.stage_weight_bytes(facts, layers, 2)) == largest_stage_weight_bytes(facts, layers, "half")
+    total = int(facts["num_hidden_layers"])
+    layers = pipeline_stage_layers(total, stages)
+    assert sum(layers) == total and len(layers) == stages
+    assert set(layers[:-1]) <= {total // stages} and layers[-1] == total // stages + total % stages
+    weights = pipeline_stage_weight_bytes(facts, layers, 2)
+    assert max(weights) == largest_stage_weight_bytes(facts, layers, "half")
+    if stages == 1 and not facts.get("quantization"):
+        assert weights == [int(facts["parameter_count"]) * 2]
 
 
 def test_the_first_stage_holds_the_embedding_and_the_last_the_lm_head():
     facts = model("llama-2-70b-chat")  # 80 layers, untied embeddings
-    first, middle, last = pipeline.stage_weight_bytes(facts, [26, 26, 28], 2)
+    assert pipeline_stage_layers(80, 3) == [26, 26, 28]
+    first, middle, last = pipeline_stage_weight_bytes(facts, [26, 26, 28], 2)
     vocab_matrix = int(facts["vocab_size"]) * int(facts["hidden_size"]) * 2
     assert first - middle == pytest.approx(vocab_matrix, abs=1)
     assert last > first  # two more layers and the LM head
+    assert first + middle + last == pytest.approx(int(facts["parameter_count"]) * 2, abs=3)
+    with pytest.raises(ValueError, match="81 pipeline stages for 80 layers: every stage needs a layer"):
+        pipeline_stage_layers(80, 81)
 
 
 # --- a step through the stages costs what pipeline_loop predicts --------------------------------------------------
@@ -70,7 +79,7 @@ def test_the_first_stage_holds_the_embedding_and_the_last_the_lm_head():
 def mixtral_stage() -> ModelShape:
     """The planner's largest stage of Mixtral-8x22B at PP 2 (module_utils/revive_plan/pipeline.py _evaluate)."""
     facts = model("mixtral-8x22b-instruct")
-    layers = stage_layers(int(facts["num_hidden_layers"]), 2)
+    layers = pipeline_stage_layers(int(facts["num_hidden_layers"]), 2)
     return ModelShape(int(int(facts["parameter_count"]) * max(layers) / sum(layers)),
                       largest_stage_weight_bytes(facts, layers, "half"), max(layers), int(facts["hidden_size"]),
                       kv_bytes_per_token(facts) * max(layers) // int(facts["num_hidden_layers"]))
@@ -90,7 +99,7 @@ def test_a_decode_step_through_both_stages_costs_what_the_planner_predicts(link_
     token = predicted.step_ms / 1000 - per_engine * predicted.prefill_ms / 1000 / output
     step = twin.step([], [int(prompt + output / 2)] * per_engine)
     assert step.seconds == pytest.approx(token, rel=0.002)
-    assert round(perf.stage_hop_seconds(per_engine, stage.hidden_size, link) * 1000, 3) == predicted.stage_hop_ms
+    assert round(stage_hop_seconds(per_engine, stage.hidden_size, link) * 1000, 3) == predicted.stage_hop_ms
     # each stage's GPUs are busy for their own stage only
     alone = twin.stage.step([], [int(prompt + output / 2)] * per_engine)
     assert step.gpu_busy_seconds == alone.gpu_busy_seconds and step.seconds > 2 * alone.seconds
@@ -207,7 +216,7 @@ def test_a_pipeline_on_one_node_logs_the_whole_cache_and_serves(tmp_path):
     finally:
         twin.stop()
     assert "Defaulting to use mp for distributed inference" in log and "ray_gpu_executor" not in log
-    layers = stage_layers(80, 2)
+    layers = pipeline_stage_layers(80, 2)
     weights = math.ceil(largest_stage_weight_bytes(facts, layers, "half") / 4)
     # the planner's estimate per virtual engine, from the largest stage
     planned = kv_cache_plan(facts, 4, CUDA_TOTAL_V100, 0.9, 4, max_num_seqs=256, max_model_len=4096,

@@ -12,7 +12,7 @@ setting).
 
 Pipeline parallelism (PP > 1): `PipelineModel`, the step-by-step form of revive_perf.pipeline_loop (the planner's
 cost of TP inside a node, PP across nodes). One step of a virtual engine passes every stage: S x the stage's step
-(the largest stage's layers and weights), (S - 1) stage-to-stage sends of hidden + residual (`stage_hop_seconds`),
+(the largest stage's layers and weights), (S - 1) stage-to-stage sends of hidden + residual (revive_perf's `stage_hop_seconds`),
 the prompt tokens' input preparation once. The S virtual engines step concurrently, each stage busy with a
 different one's micro-batch (runner.py), which is how pipeline_loop's throughput arises.
 
@@ -63,12 +63,6 @@ def choose_transport(tensor_parallel_size: int, nvlink_connected: bool, all_p2p:
 # --- pipeline parallelism (issue 16) ------------------------------------------------------------------------
 
 
-def stage_hop_seconds(tokens: float, hidden_size: int, link_bytes_per_s: float) -> float:
-    """One stage-to-stage send of `tokens` tokens: revive_perf.pipeline_loop's hop(m), NODE_HOP_S plus hidden +
-    residual in FP16 per token (v0.5.4 vllm/model_executor/models/llama.py:331-334) over the link."""
-    return _perf.NODE_HOP_S + tokens * 2 * hidden_size * 2 / link_bytes_per_s
-
-
 @dataclass
 class PipelineModel:
     """Step costs of one replica of `stages` pipeline stages: `stage` is the largest stage's PerfModel (its layers,
@@ -88,7 +82,7 @@ class PipelineModel:
             return one
         tokens = sum(prefill_lengths) + len(decode_contexts)
         prompt_once = (self.stages - 1) * _perf.CPU_PREFILL_TOKEN_S * sum(prefill_lengths)
-        hops = (self.stages - 1) * stage_hop_seconds(tokens, self.stage.model.hidden_size, self.link_bytes_per_s)
+        hops = (self.stages - 1) * _perf.stage_hop_seconds(tokens, self.stage.model.hidden_size, self.link_bytes_per_s)
         seconds = self.stages * one.seconds + (hops - prompt_once) * self.stage.slowdown
         return StepCost(seconds, one.gpu_busy_seconds, one.memory_busy_seconds)
 

@@ -9,7 +9,8 @@ Sources (sections of docs/facts/vllm-volta.md, and the 0.5.4 code they cite):
 * The Ray executor (0.5.4, backend ray): a real Ray cluster, placement group and one actor per GPU
   (vllm/_twin/ray_executor.py, docs/facts/multi-node.md §1.3), between the configuration and the engine.
 * Pipeline parallelism: the layers split per stage, each stage's weights, and the KV cache of the worker with
-  the fewest blocks, divided among the PP virtual engines (vllm/_twin/pipeline.py, docs/facts/multi-node.md §1.4).
+  the fewest blocks, divided among the PP virtual engines (module_utils/revive_kv.py's stage split, the planner's;
+  docs/facts/multi-node.md §1.4).
 * Worker.init_device: the BF16 check (§1.4). load_model: quantization capability (§7.3), xFormers'
   head sizes and logit soft-capping (§1.3), then the weights (torch's OOM message when they do not fit).
 * determine_num_available_blocks: module_utils/revive_kv.py (0.5.4's algorithm, §3.1-§3.4), logged as
@@ -34,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from vllm._revive import module_utils
 from vllm._twin import gpus as gpu_mod
-from vllm._twin import perf, pipeline, vlog
+from vllm._twin import perf, vlog
 from vllm._twin.engine import EngineConfig
 from vllm._twin.release import current, pick
 from vllm._twin.settings import Settings
@@ -631,9 +632,10 @@ def _start_engine(args, facts: Dict[str, Any], environ: Dict[str, str], settings
         raise StartupFailure("ValueError", f"Head size {head_size} is not supported by PagedAttention. Supported "
                              f"head sizes are: {supported}.")
     context = revive_kv.CUDA_CONTEXT_BYTES
-    layers = pipeline.stage_layers(int(facts["num_hidden_layers"]), pp)
+    layers = revive_kv.pipeline_stage_layers(int(facts["num_hidden_layers"]), pp)
     if pp > 1:
-        stage_bytes = pipeline.stage_weight_bytes(facts, layers, revive_kv.DTYPE_BYTES[KV_SIZING_DTYPE[dtype]])
+        stage_bytes = revive_kv.pipeline_stage_weight_bytes(facts, layers,
+                                                              revive_kv.DTYPE_BYTES[KV_SIZING_DTYPE[dtype]])
         rank_weights = [math.ceil(stage_bytes[rank // tp] / tp) for rank in range(world)]
     else:
         rank_weights = [revive_kv.weights_per_gpu_bytes(facts, world, KV_SIZING_DTYPE[dtype])] * world
