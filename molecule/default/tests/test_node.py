@@ -43,3 +43,12 @@ def test_with_no_front_door_every_replica_of_the_current_release_runs_warmed_up_
         health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{replica['port']}/health")
         assert health.stdout == "200", health.stderr
     assert not host.service("haproxy").is_running
+
+
+def test_a_node_outside_any_serving_group_runs_no_ray(host):
+    # A one-node plan never starts Ray (docs/multi-node.md): no Ray unit, no Ray process; the release record has no
+    # group section.
+    record = json.loads(host.file("/var/lib/revive/releases.json").content_string)
+    assert "group" not in record["current"]
+    assert not host.file("/etc/systemd/system/revive-ray.service").exists
+    assert host.run("pgrep -f 'raylet|gcs_server|ray start'").rc == 1
