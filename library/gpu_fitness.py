@@ -127,6 +127,7 @@ findings:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_fitness import PlanOutcome, Policy, evaluate
 
 
@@ -137,6 +138,12 @@ def plan_outcome(release: dict | None, driver: dict | None, refusal: dict | None
         driver_min_branch=driver.get("min_branch") if release else None,
         driver_tested_branch=driver.get("tested_branch") if release else None,
         refusal_reason=refusal.get("reason"), refusal_source=refusal.get("source"))
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "expected_gpu_count": Bound(int, 0, high=1024, unset=0, unset_means="checks nothing", why="GPUs the inventory expects"),
+}
 
 
 def main() -> None:
@@ -157,6 +164,7 @@ def main() -> None:
         required_one_of=[("gpu", "probe_error")],
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "gpu_fitness")
     params = module.params
     policy = Policy(expected_gpu_count=params["expected_gpu_count"], expected_gpu_name=params["expected_gpu_name"],
                     pcie_width_below_max=params["pcie_width_below_max"],

@@ -112,7 +112,15 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_haproxy import HAProxyError, ensure, socket_sender
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "wait_timeout": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "wait_interval": Bound(float, 0, high=3600, low_open=True, why="seconds"),
+}
 
 
 def main() -> None:
@@ -128,6 +136,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "haproxy_server")
     p = module.params
     target = None if p["state"] == "query" else p["state"]
     try:

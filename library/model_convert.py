@@ -86,6 +86,7 @@ report:
 import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_model import ModelInspectError
 from ansible.module_utils.revive_sync.errors import SyncError
 from ansible.module_utils.revive_sync.promote import converting_path, staging_path
@@ -98,6 +99,12 @@ except ImportError as exc:
     NUMPY_ERROR = exc
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "chunk_values": Bound(int, 1, high=2 ** 30, why="values per chunk, about 8 bytes of memory each"),
+}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -108,6 +115,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "model_convert")
     params = module.params
     if NUMPY_ERROR is not None and not module.check_mode:
         module.fail_json(msg=missing_required_lib("numpy") + " (the model_sync role installs it in its tools venv, "

@@ -91,11 +91,18 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_model import ModelInspectError
 from ansible.module_utils.revive_sync.dtype import safetensors_dtypes
 from ansible.module_utils.revive_sync.errors import SyncError
-from ansible.module_utils.revive_sync.manifest import default_workers
+from ansible.module_utils.revive_sync.manifest import WORKERS, default_workers
 from ansible.module_utils.revive_sync.tasks import manifest_task
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "workers": WORKERS,
+}
 
 
 def main() -> None:
@@ -107,6 +114,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "model_manifest")
     params = module.params
     try:
         result = manifest_task(params["path"], refresh=params["refresh"], check_mode=module.check_mode,

@@ -132,9 +132,17 @@ convert_bf16:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_sync.errors import SyncError
-from ansible.module_utils.revive_sync.manifest import default_workers, manifest_from_dict
+from ansible.module_utils.revive_sync.manifest import WORKERS, default_workers, manifest_from_dict
 from ansible.module_utils.revive_sync.tasks import preflight_task
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "free_space_margin_bytes": Bound(int, 0, high=2 ** 60, why="bytes"),
+    "workers": WORKERS,
+}
 
 
 def main() -> None:
@@ -151,6 +159,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "model_preflight")
     params = module.params
     try:
         result = preflight_task(

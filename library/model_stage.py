@@ -182,13 +182,24 @@ rsync_argv:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_model import ModelInspectError
 from ansible.module_utils.revive_sync.dtype import DtypePolicy, safetensors_dtypes
 from ansible.module_utils.revive_sync.errors import SyncError
-from ansible.module_utils.revive_sync.manifest import default_workers, manifest_from_dict
+from ansible.module_utils.revive_sync.manifest import WORKERS, default_workers, manifest_from_dict
 from ansible.module_utils.revive_sync.promote import staging_path
 from ansible.module_utils.revive_sync.rsync import RsyncSource
 from ansible.module_utils.revive_sync.tasks import stage_task
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "src_port": Bound(int, 1, high=65535, why="a TCP port"),
+    "bwlimit_kib": Bound(int, 0, unset=0, unset_means="unlimited", why="KiB/s"),
+    # rsync's 0 (no timeout) is refused: a stalled transfer must fail.
+    "io_timeout": Bound(int, 1, high=86400, why="seconds"),
+    "workers": WORKERS,
+}
 
 
 def main() -> None:
@@ -213,6 +224,7 @@ def main() -> None:
         required_by={"src_host": ("src_path",)},
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "model_stage")
     params = module.params
     source = None
     if params["src_path"]:

@@ -214,6 +214,7 @@ python_found:
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_nccl import CheckSpec, Deps, NcclCheckError, check, describe, parse_size
 
 ARGUMENT_SPEC = {
@@ -235,8 +236,19 @@ ARGUMENT_SPEC = {
 }
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "iterations": Bound(int, 1, high=10000),
+    "warmup": Bound(int, 0, high=10000),
+    "timeout": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "compare_margin": Bound(float, 0, high=100, why="a relative difference, 0.1 = 10 %"),
+    "log_lines": Bound(int, 0, high=100000),
+}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    check_options(module, BOUNDS, "nccl_check")
     p = module.params
     host = platform.node()
     deps = Deps(which=lambda name: module.get_bin_path(name), run=lambda argv: module.run_command(argv))

@@ -181,8 +181,13 @@ files:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.revive_wheelsource import (WheelSourceError, check_source, http_for,
+from ansible.module_utils.revive_bounds import check_options
+from ansible.module_utils.revive_wheelsource import (LOCK_SOURCE_BOUNDS, WheelSourceError, check_source, http_for,
                                                      lock_source_argument_spec, prepare)
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = LOCK_SOURCE_BOUNDS
 
 
 def main() -> None:
@@ -190,6 +195,7 @@ def main() -> None:
         argument_spec=lock_source_argument_spec(),
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "pip_source_check")
     params = module.params
     try:
         lock, source, target = prepare(params["lock"], params["source"], params["python"], params["platform"])

@@ -113,7 +113,14 @@ policy_message:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_fitness import fleet_summary
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "max_unfit_percent": Bound(float, 0, high=100, why="percent"),
+}
 
 
 def main() -> None:
@@ -125,6 +132,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "preflight_summary")
     params = module.params
     by_host = {result.get("host"): result for result in params["results"]}
     summary = fleet_summary(params["hosts"], by_host, params["max_unfit_percent"])

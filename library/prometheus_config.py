@@ -185,6 +185,7 @@ import shlex
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_monitoring import MonitoringError, Settings, fleet_config_text
 
 
@@ -211,6 +212,14 @@ def validate(module: AnsibleModule, command: str, text: str, dest: str) -> None:
                                  "nothing was written", rc=rc, stdout=out, stderr=err)
     finally:
         os.unlink(path)
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "gpu_exporter_port": Bound(int, 1, high=65535, why="a TCP port"),
+    "node_exporter_port": Bound(int, 1, high=65535, why="a TCP port"),
+    "frontdoor_exporter_port": Bound(int, 1, high=65535, why="a TCP port"),
+}
 
 
 def main() -> None:
@@ -241,6 +250,7 @@ def main() -> None:
         add_file_common_args=True,
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "prometheus_config")
     p = module.params
     settings = Settings(
         gpu_exporter=p["gpu_exporter"], gpu_exporter_port=p["gpu_exporter_port"],

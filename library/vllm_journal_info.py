@@ -61,6 +61,7 @@ journal: {description: "Per unit, the messages of the chosen run.", returned: al
 import json
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_record.journal import journal_excerpt
 
 
@@ -80,6 +81,13 @@ def unit_journal(module: AnsibleModule, unit: str, lines: int, redact: list, sin
     return journal_excerpt(entries, lines, redact, since_usec)
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "lines": Bound(int, 1, high=100000),
+    "since_usec": Bound(int, 0, high=2 ** 62, unset=0, unset_means="none", why="microseconds since the epoch"),
+}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -90,6 +98,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "vllm_journal_info")
     params = module.params
     module.exit_json(changed=False, journal={
         unit: unit_journal(module, unit, params["lines"], params["redact"], params["since_usec"])

@@ -273,6 +273,7 @@ release:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import check_options
 from ansible.module_utils.revive_plan import (
     BOUNDS,
     PUBLIC_INDEX,
@@ -355,19 +356,18 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    # Bounds first (module_utils/revive_plan/inputs.py BOUNDS, checked by module_utils/revive_bounds.py): an input
+    # error fails even with fail_on_refusal=false, so no plan (nor the preflight's plan file) follows from it.
+    check_options(module, BOUNDS, "vllm_plan", refused=False)
     params = module.params
     try:
         releases = load_release_data(params["releases"], source="releases parameter (data/vllm-releases.yml)")
     except ReleaseDataError as exc:
         module.fail_json(msg=str(exc), refused=False)
     try:
-        # Bounds first (module_utils/revive_plan/inputs.py BOUNDS): an input error fails even with
-        # fail_on_refusal=false, so no plan (nor the preflight's plan file) follows from it.
-        BOUNDS["host_ram_mb"].check("host_ram_mb", params["host_ram_mb"])
         host_ram = params["host_ram_mb"] * 1024 * 1024 if params["host_ram_mb"] else None
         group = dict(params["group"])
         members, name, member, ray_port = (group.pop(key) for key in ("members", "name", "member", "ray_port"))
-        BOUNDS["group.ray_port"].check("group.ray_port", ray_port)
         request = (Workload(**params["workload"]), Overrides(**params["overrides"]), Serve(**params["serve"]),
                    host_ram, PackageSource(**params["package_source"]))
         if members:

@@ -101,6 +101,7 @@ import platform
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_files import write_atomic
 from ansible.module_utils.revive_record import ReleaseError
 from ansible.module_utils.revive_record.record import load_record, promote, record_rollback
@@ -138,6 +139,12 @@ def release_venvs(root: str) -> list:
     return venvs
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "keep": Bound(int, 0, high=1000, optional=True, leave_out="remove no venv"),
+}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -151,6 +158,7 @@ def main() -> None:
         required_one_of=[("current", "failure", "keep")],
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "vllm_release")
     params = module.params
     path = params["path"]
     try:

@@ -162,6 +162,7 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_record import ReleaseError
 from ansible.module_utils.revive_record.pinning import parse_cpu_list
 from ansible.module_utils.revive_record.record import load_record, rollback_target, same_release, stale_units
@@ -225,6 +226,18 @@ def read_report(module: AnsibleModule, path: str):
     return report if isinstance(report, dict) else None
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "timing.base_seconds": Bound(int, 1, high=86400, why="seconds"),
+    "timing.load_bytes_per_second": Bound(int, 1, high=2 ** 40, why="bytes per second"),
+    "timing.per_rank_seconds": Bound(int, 0, high=3600, why="seconds"),
+    "timing.slack_seconds": Bound(int, 0, high=3600, why="seconds"),
+    "timing.restart_seconds": Bound(int, 0, high=3600, why="seconds"),
+    "timing.start_limit_burst": Bound(int, 1, high=100),
+    "timing.ray_gate_seconds": Bound(int, 0, high=86400, why="seconds"),
+}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -240,6 +253,7 @@ def main() -> None:
         required_together=[("plan", "venv")],
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "vllm_release_info")
     params = module.params
     path = params["path"]
     try:

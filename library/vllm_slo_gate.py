@@ -166,7 +166,24 @@ report_dir:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_slo_gate import GateError, GateSpec, run_gate
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "prompt_tokens": Bound(int, 1),
+    "duration": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "warmup": Bound(float, 0, high=86400, why="seconds"),
+    "max_tokens": Bound(int, 1),
+    "slo_e2e_p95": Bound(float, 0, high=10 ** 6, low_open=True, why="seconds"),
+    "max_gpu_imbalance": Bound(float, 0, high=1, why="a share of utilisation"),
+    "max_dispatch_lag_p99": Bound(float, 0, high=60, low_open=True, why="seconds"),
+    "timeout": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "sample_interval": Bound(float, 0, high=3600, low_open=True, why="seconds"),
+    "time_scale": Bound(float, 0, high=1000, low_open=True, unset=0, unset_means="read from the servers' /version",
+                        why="wall seconds per simulated second"),
+}
 
 
 def main() -> None:
@@ -195,6 +212,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "vllm_slo_gate")
     p = module.params
     empty = {"passed": False, "verdict": "", "report_dir": "", "concurrency": 0}
     try:

@@ -213,6 +213,7 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import Bound, check_options
 from ansible.module_utils.revive_sse import Endpoint
 from ansible.module_utils.revive_warmup import (
     BUNDLED_PROMPTS,
@@ -244,6 +245,24 @@ def record(report_path: str, host: str, replica: str, entry: dict) -> None:
     write_report(report_path, merge_report(existing, host, replica, entry, entry["at"]))
 
 
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = {
+    "port": Bound(int, 1, high=65535, why="a TCP port"),
+    "health_timeout": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "poll_interval": Bound(float, 0, high=3600, low_open=True, why="seconds"),
+    "request_timeout": Bound(float, 0, high=86400, low_open=True, why="seconds"),
+    "requests": Bound(int, 1, high=100000),
+    "max_requests": Bound(int, 1, high=100000),
+    "concurrency": Bound(int, 1, high=4096),
+    "max_tokens": Bound(int, 1),
+    "temperature": Bound(float, 0, high=2, why="OpenAI's sampling range"),
+    "settle.window": Bound(int, 2, high=10000, why="answers per window; the rule compares two"),
+    "settle.tolerance": Bound(float, 0, high=100, low_open=True, why="a relative change"),
+    "max_ttft": Bound(float, 0, high=86400, unset=0, unset_means="no limit", why="seconds"),
+    "max_tpot": Bound(float, 0, high=3600, unset=0, unset_means="no limit", why="seconds"),
+}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -273,6 +292,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "vllm_warmup")
     p = module.params
     endpoint = Endpoint(p["host"], p["port"], p["api_key"] or "", timeout=p["request_timeout"])
     replica = p["replica"] or p["unit"] or f"{p['host']}:{p['port']}"

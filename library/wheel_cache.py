@@ -175,8 +175,14 @@ progress_file:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.revive_bounds import check_options
 from ansible.module_utils.revive_wheelcache import ProgressFile, SourceProblems, fill_cache
-from ansible.module_utils.revive_wheelsource import WheelSourceError, http_for, lock_source_argument_spec, prepare
+from ansible.module_utils.revive_wheelsource import (LOCK_SOURCE_BOUNDS, WheelSourceError, http_for,
+                                                     lock_source_argument_spec, prepare)
+
+
+# Numeric options' ranges, checked before anything else (module_utils/revive_bounds.py; docs/inputs.md).
+BOUNDS = LOCK_SOURCE_BOUNDS
 
 
 def main() -> None:
@@ -184,6 +190,7 @@ def main() -> None:
         argument_spec=dict(lock_source_argument_spec(), dest={"type": "path", "required": True}),
         supports_check_mode=True,
     )
+    check_options(module, BOUNDS, "wheel_cache")
     params = module.params
     progress = ProgressFile(params["dest"])
     try:

@@ -37,6 +37,7 @@ from html.parser import HTMLParser
 from http.client import HTTPException
 from typing import Dict, List, Optional, Tuple
 
+from ansible.module_utils.revive_bounds import Bound
 from ansible.module_utils.revive_lockfile import Lock, LockEntry, LockError, canonical_name, parse_lock
 from ansible.module_utils.revive_venv import (
     PUBLIC_INDEX,
@@ -486,6 +487,14 @@ def load_lock(path: str) -> Lock:
 
 
 # The options pip_source_check and wheel_cache share: which lock, read from which source, for which node.
+# The numeric options of lock_source_argument_spec (module_utils/revive_bounds.py; docs/inputs.md).
+LOCK_SOURCE_BOUNDS = {
+    "timeout": Bound(float, 0, high=3600, low_open=True, why="seconds per request"),
+    "retries": Bound(int, 0, high=100, why="further attempts"),
+    "jobs": Bound(int, 1, high=64, why="requests at once"),
+}
+
+
 def lock_source_argument_spec() -> dict:
     return {
         "lock": {"type": "path", "required": True},

@@ -44,7 +44,7 @@ from ansible.module_utils.revive_plan.inputs import GPU_INDEX, NodeGroup, check_
 from ansible.module_utils.revive_plan import plan_release as run_planner
 from ansible.module_utils.revive_releases import ReleaseDataError, load_release_file
 
-from revive_cli import REPO
+from revive_cli import REPO, bounded_option
 
 SYNTHETIC = re.compile(r"^(\d+)x(\d+(?:\.\d+)?)(?:@(\d+\.\d+))?$")
 SYNTHETIC_MAX_GPUS = GPU_INDEX.high + 1
@@ -110,20 +110,7 @@ def resolve_gpus(spec: str, host_ram_gib: Optional[float]) -> Tuple[Dict[str, An
 
 def bounded(path: str) -> Callable[[str], Any]:
     """An argparse type for the planner input `path`: its BOUNDS entry, refused at parse time (exit 2)."""
-    bound, option = BOUNDS[path], option_for(path)
-
-    def parse(text: str) -> Any:
-        try:
-            value = bound.kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(PlanInputError(path, text, bound.allowed(), "give a value in that range")
-                                             .message(option)) from None
-        try:
-            bound.check(path, value)
-        except PlanInputError as exc:
-            raise argparse.ArgumentTypeError(exc.message(option)) from None
-        return value
-    return parse
+    return bounded_option(BOUNDS[path], path, option_for(path))
 
 
 def gpu_indices(text: str) -> List[int]:

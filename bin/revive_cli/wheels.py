@@ -25,7 +25,10 @@ from typing import List, Optional
 
 from ansible.module_utils.revive_venv import PUBLIC_INDEX
 from ansible.module_utils.revive_wheelcache import DownloadError, SourceProblems, fill_cache
-from ansible.module_utils.revive_wheelsource import WheelSourceError, check_source, http_for, load_lock, prepare
+from ansible.module_utils.revive_wheelsource import (LOCK_SOURCE_BOUNDS, WheelSourceError, check_source, http_for,
+                                                     load_lock, prepare)
+
+from revive_cli import bounded_option
 
 DEFAULT_PYTHON = "3.10"
 DEFAULT_PLATFORM = "manylinux_2_35_x86_64"
@@ -44,9 +47,12 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--trusted-host", help="allow plain http (and skip certificate checks) for this host")
         command.add_argument("--python", help="CPython minor of the nodes' venv (default: the lock's header)")
         command.add_argument("--platform", help="the nodes' manylinux platform (default: the lock's header)")
-        command.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
-        command.add_argument("--retries", type=int, default=3, help="further attempts per request (default 3)")
-        command.add_argument("--jobs", type=int, default=8, help="index pages fetched at once (default 8)")
+        command.add_argument("--timeout", type=bounded_option(LOCK_SOURCE_BOUNDS["timeout"], "timeout", "--timeout"),
+                             default=60.0, help="seconds per request (default 60)")
+        command.add_argument("--retries", type=bounded_option(LOCK_SOURCE_BOUNDS["retries"], "retries", "--retries"),
+                             default=3, help="further attempts per request (default 3)")
+        command.add_argument("--jobs", type=bounded_option(LOCK_SOURCE_BOUNDS["jobs"], "jobs", "--jobs"), default=8,
+                             help="index pages fetched at once (default 8)")
         if name == "check":
             command.add_argument("--json", action="store_true", help="print the report as JSON")
         else:

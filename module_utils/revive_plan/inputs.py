@@ -8,9 +8,11 @@ PlanRefusal instead: that node cannot run it, another may (the preflight quarant
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
+
+from ansible.module_utils.revive_bounds import Bound, InputError
+from ansible.module_utils.revive_bounds import shown as _shown
 
 # Defaults from docs/field-report.md ('Acceptance targets (the operator's SLO)'), ('Load test method').
 NOTES_CONCURRENCY = 32
@@ -34,54 +36,9 @@ class PlanError(Exception):
     """The planner produced something the release would reject (a bug in the planner or the data)."""
 
 
-class PlanInputError(ValueError):
-    """An input out of its range or of the wrong type. `field` is its path ("workload.max_model_len"), which
-    is also its name in library/vllm_plan.py; `message(name)` says it under the caller's name for it."""
-
-    def __init__(self, field: str, value: Any, allowed: str, fix: str):
-        self.field, self.value, self.allowed, self.fix = field, value, allowed, fix
-        super().__init__(self.message())
-
-    def message(self, name: Optional[str] = None) -> str:
-        return f"{name or self.field} is {self.value!r}: it must be {self.allowed}. Fix: {self.fix}"
-
-
-def _shown(number: float) -> str:
-    return str(int(number)) if float(number).is_integer() else f"{number:g}"
-
-
-@dataclass(frozen=True)
-class Bound:
-    """One input's type and range. `unset` is a value that means "the planner chooses" (kept as it was)."""
-
-    kind: type                      # int or float (a bool is neither)
-    low: float
-    high: float = 2 ** 31 - 1       # a sanity cap far beyond any real value: keeps the planner's arithmetic finite
-    low_open: bool = False          # low itself excluded
-    optional: bool = False          # None allowed: the planner chooses
-    unset: Optional[float] = None
-    unset_means: str = "the planner chooses"
-    why: str = ""
-
-    def allowed(self) -> str:
-        number = "a whole number" if self.kind is int else "a finite number"
-        low = f"more than {_shown(self.low)}" if self.low_open else f"at least {_shown(self.low)}"
-        text = f"{number} {low} and at most {_shown(self.high)}"
-        if self.unset is not None:
-            text += f" ({_shown(self.unset)}: {self.unset_means})"
-        return text + (f" ({self.why})" if self.why else "")
-
-    def check(self, path: str, value: Any) -> None:
-        if value is None and self.optional:
-            return
-        fix = "give a value in that range" + (", or leave it out to let the planner choose" if self.optional else "")
-        good_type = isinstance(value, int if self.kind is int else (int, float)) and not isinstance(value, bool)
-        if not good_type:
-            raise PlanInputError(path, value, self.allowed(), fix)
-        if value == self.unset:
-            return
-        if not math.isfinite(value) or value > self.high or value < self.low or (self.low_open and value == self.low):
-            raise PlanInputError(path, value, self.allowed(), fix)
+# An input out of its range or of the wrong type (module_utils/revive_bounds.py): `field` is its path
+# ("workload.max_model_len"), which is also its name in library/vllm_plan.py.
+PlanInputError = InputError
 
 
 # The planner's inputs and their bounds, by path; docs/inputs.md has the same table with the reasons.

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
+from ansible.module_utils.revive_bounds import Bound
 from ansible.module_utils.revive_sync.errors import SyncError
 
 MANIFEST_NAME = "revive-manifest.json"
@@ -167,6 +168,10 @@ def sha256_file(path: str, chunk_bytes: int = HASH_CHUNK_BYTES, *, flush: bool =
         if flush:
             os.fsync(handle.fileno())
     return digest.hexdigest()
+
+
+# The modules' `workers` option (model_manifest, model_preflight, model_stage): 0 is default_workers().
+WORKERS = Bound(int, 0, high=256, unset=0, unset_means="one per CPU, at most 8", why="files hashed at once")
 
 
 def default_workers() -> int:
