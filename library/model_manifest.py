@@ -91,7 +91,7 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.revive_bounds import Bound, check_options
+from ansible.module_utils.revive_bounds import check_options
 from ansible.module_utils.revive_model import ModelInspectError
 from ansible.module_utils.revive_sync.dtype import safetensors_dtypes
 from ansible.module_utils.revive_sync.errors import SyncError
