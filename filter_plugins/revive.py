@@ -1,9 +1,9 @@
 """Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels, the lab's
-time-scaled rules and a serving group's Ray cluster: thin wiring over module_utils/revive_handover.py,
-revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py, revive_bench/invocation.py, revive_slo_gate.py,
-revive_rule_scale.py, revive_cluster.py, revive_serving_group.py and revive_ray_unit.py, where the decisions live and are unit-tested
-(tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py,
-test_ray_unit.py).
+time-scaled rules, a serving group's Ray cluster and a node's firewall: thin wiring over
+module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py,
+revive_bench/invocation.py, revive_slo_gate.py, revive_rule_scale.py, revive_cluster.py, revive_serving_group.py,
+revive_ray_unit.py and revive_firewall.py, where the decisions live and are unit-tested (tests/unit/test_handover.py,
+test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py, test_ray_unit.py, test_firewall.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -33,7 +33,7 @@ from ansible.module_utils.revive_handover import (  # noqa: E402
 from ansible.module_utils.revive_cluster import cluster_endpoint, member_summary  # noqa: E402
 from ansible.module_utils.revive_serving_group import group_members, unfit_members  # noqa: E402
 from ansible.module_utils.revive_bench.invocation import bench_argv, bench_limit_fact, bench_outcome  # noqa: E402
-from ansible.module_utils.revive_frontdoor import frontdoor_servers  # noqa: E402
+from ansible.module_utils.revive_frontdoor import frontdoor_servers, frontdoor_url  # noqa: E402
 from ansible.module_utils.revive_lockfile import locked_wheel_files  # noqa: E402
 from ansible.module_utils.revive_slo_gate import gate_concurrency  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
@@ -48,6 +48,16 @@ def ray_unit(release, venv, temp_dir, ports, environment, dashboard=False):
         return build(release, venv, temp_dir, ports, environment, dashboard)
     except RayUnitError as exc:
         raise AnsibleFilterError(str(exc)) from None
+
+
+def node_firewall_guard(release, frontdoors, monitors, allow, ray_ports, ssh_port=22):
+    """A GPU node's nftables guard: ruleset text and report (module_utils/revive_firewall.py)."""
+    from ansible.errors import AnsibleFilterError
+    from ansible.module_utils.revive_firewall import FirewallError, guard
+    try:
+        return guard(release or {}, frontdoors or [], monitors or [], allow or [], ray_ports or {}, ssh_port)
+    except FirewallError as exc:
+        raise AnsibleFilterError(f"node_firewall: {exc}") from None
 
 
 def time_scaled_rules(texts, scale, scrape_interval, evaluation_interval):
@@ -71,12 +81,14 @@ class FilterModule:
             "bench_outcome": bench_outcome,
             "cluster_endpoint": cluster_endpoint,
             "frontdoor_servers": frontdoor_servers,
+            "frontdoor_url": frontdoor_url,
             "serving_group_member_summary": member_summary,
             "serving_group_members": group_members,
             "serving_group_unfit": unfit_members,
             "failure_message": failure_message,
             "handover_state": handover_state,
             "locked_wheel_files": locked_wheel_files,
+            "node_firewall_guard": node_firewall_guard,
             "handover_result": handover_result,
             "restored_release": restored_release,
             "ray_unit": ray_unit,

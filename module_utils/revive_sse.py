@@ -17,6 +17,10 @@ Timing (docs/facts/loadtest.md §3-§4): the clock starts before the connection 
 0.5.4's own benchmark does, so connection set-up counts); TTFT is the first *content-bearing* event - the
 chat role-only first chunk (`delta: {"role": ...}`) and usage-only chunks do not count; E2E ends at
 `[DONE]`; TPOT = (last content event - first content event) / (completion_tokens - 1).
+
+TLS (a front door that terminates it with the operator's certificate, docs/tls.md §5): the certificate and the host
+name are always verified, against the operator's CA file when one is given, else the system's trust store; the
+name checked is the endpoint's host, so an IP address is matched against the certificate's IP SANs.
 """
 from __future__ import annotations
 
@@ -36,12 +40,14 @@ ERROR_EXCERPT = 300
 
 @dataclass
 class Endpoint:
-    """Where the server listens. `timeout` is the socket inactivity limit, not a limit on the whole answer."""
+    """Where the server listens. `timeout` is the socket inactivity limit, not a limit on the whole answer.
+    `ca_file` (PEM, one or more CA certificates) verifies a `tls` endpoint; empty: the system's trust store."""
     host: str
     port: int
     api_key: str = ""
     timeout: float = 120.0
     tls: bool = False
+    ca_file: str = ""
 
     def label(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
@@ -194,13 +200,36 @@ def check(result: StreamResult, request: StreamRequest) -> List[str]:
     return problems
 
 
+class CAFileError(ValueError):
+    """A CA file that cannot be read or holds no PEM certificate: the message names the file."""
+
+
+def tls_context(ca_file: str = "") -> ssl.SSLContext:
+    """The client side of every https connection: certificate and host name verified (never switched off), against
+    `ca_file` when given, else the system's trust store. Callers check a CA file with it before the first request."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except ssl.SSLError as exc:  # before OSError, which it is: the file was read but holds no certificate
+        raise CAFileError(f"CA file {ca_file}: no PEM certificate could be loaded from it "
+                          f"({exc.reason or exc})") from None
+    except OSError as exc:
+        raise CAFileError(f"CA file {ca_file}: {exc.strerror or exc}") from None
+
+
+def certificate_problem(label: str, ca_file: str, error: ssl.SSLCertVerificationError) -> str:
+    """A failed answer's words for a certificate the client refused, naming what it was checked against."""
+    return (f"TLS: the certificate of {label} is not trusted by "
+            f"{f'CA file {ca_file}' if ca_file else 'the system trust store'}: {error.verify_message or error}")
+
+
 ConnectionFactory = Callable[[Endpoint], http.client.HTTPConnection]
 
 
 def connect(endpoint: Endpoint) -> http.client.HTTPConnection:
+    """A connection, not yet opened; raises CAFileError for a bad `ca_file` (a set-up error, not a failed answer)."""
     if endpoint.tls:
         return http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=endpoint.timeout,
-                                           context=ssl.create_default_context())
+                                           context=tls_context(endpoint.ca_file))
     return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=endpoint.timeout)
 
 
@@ -294,6 +323,8 @@ def stream(endpoint: Endpoint, request: StreamRequest, clock: Callable[[], float
     except socket.timeout as error:
         result.truncated = True
         result.problems.append(f"no data for {endpoint.timeout:g} s from {endpoint.label()}: {error}")
+    except ssl.SSLCertVerificationError as error:
+        result.problems.append(certificate_problem(endpoint.label(), endpoint.ca_file, error))
     except (OSError, http.client.HTTPException) as error:
         result.truncated = bool(result.status)
         result.problems.append(f"{type(error).__name__} talking to {endpoint.label()}: {error}")

@@ -230,7 +230,7 @@ def wait_for_health(endpoint: Endpoint, unit: Optional[str], deadline_s: float, 
                     deps: Deps) -> HealthWait:
     """Poll /health until 200, watching the unit at every poll (see the module docstring, step 1)."""
     probe = Endpoint(endpoint.host, endpoint.port, endpoint.api_key, timeout=min(5.0, max(interval_s, 1.0)),
-                     tls=endpoint.tls)
+                     tls=endpoint.tls, ca_file=endpoint.ca_file)
     start = deps.clock()
     baseline = read_unit(unit, deps.runner) if unit else None
     if unit and baseline is not None:

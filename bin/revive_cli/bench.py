@@ -21,6 +21,7 @@ Exit status: 0 every level PASS, 1 some level FAIL, 2 usage or connection error,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from ansible.module_utils.revive_bench.prompts import PromptError, load, tokeniz
 from ansible.module_utils.revive_bench.report import write
 from ansible.module_utils.revive_bench.run import Options, run_sync
 from ansible.module_utils.revive_bench.verdict import Bounds
+from ansible.module_utils.revive_sse import CAFileError, tls_context
 
 from revive_cli import REPO
 
@@ -64,6 +66,15 @@ def _urls(text: str) -> list:
         return [parse_url(part) for part in text.split(",")]
     except URLError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ca_file(text: str) -> str:
+    """A CA file the front door's certificate can be verified with: read once here, so a bad one is exit 2."""
+    try:
+        tls_context(text)
+    except CAFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _time_scale(text: str) -> Optional[float]:
@@ -100,7 +111,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="report directory")
     parser.add_argument("--json", action="store_true", help="print summary.json on stdout")
     parser.add_argument("--api-key", default=os.environ.get("REVIVE_API_KEY", ""),
-                        help="bearer token (default: $REVIVE_API_KEY)")
+                        help="bearer token (default: $REVIVE_API_KEY; prefer it: a value here shows in ps)")
+    parser.add_argument("--ca-file", type=_ca_file, default="", metavar="PATH",
+                        help="CA certificate(s) to verify an https front door with; default: the system's trust "
+                             "store")
     parser.add_argument("--chat", action="store_true", help="/v1/chat/completions instead of /v1/completions")
     parser.add_argument("--ignore-eos", action="store_true", help="answers run to max_tokens (early EOS is gated)")
     parser.add_argument("--rate", type=positive, help="open loop: arrivals per (wall) second")
@@ -139,6 +153,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     if args.arrivals and not args.rate:
         parser.error(f"argument --arrivals: {args.arrivals} arrivals need --rate (arrivals per second); a level "
                      "without --rate is a closed loop")
+    if args.ca_file:   # the https targets verify with it; an http one (a replica benched directly) ignores it
+        args.url = [dataclasses.replace(target, ca_file=args.ca_file) for target in args.url]
     return args
 
 

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import fleet, prepare, state
+from . import fleet, prepare, state, tls
 from .errors import LabError
 from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, SUPPORT_HOSTS, build_shape, known_profiles, \
     parse_support_hosts
@@ -18,9 +18,12 @@ examples:
   bin/lab status                              hosts, addresses, systemd state, GPU profiles
   bin/lab ssh node1 systemctl is-system-running   run a command on a lab host (or log in)
   bin/lab set-profile node2 v100-pcie-8x-degraded
+  bin/lab reboot node2                        halt node2 and boot it again (its disk kept), wait for SSH
+  bin/lab link model-store down               cut a host's link (its peers' packets are dropped); `up` restores it
   bin/lab down                                remove every host, namespace, link, mount and process
   bin/lab wheelhouse                          .lab/wheelhouse: the wheels roles copy to nodes (PyPI once)
   bin/lab seed-model                          the lab model onto model-store:/srv/models/tiny-chat/rev1
+  bin/lab tls                                 a private CA and lb1's certificate in STATE_DIR/tls (openssl)
 then: ansible-playbook -i inventory/lab site.yml
 """
 
@@ -58,6 +61,13 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("profiles", help="list the GPU profiles (lab/profiles/*.json)")
 
+    link = sub.add_parser("link", help="cut (down) or restore (up) a lab host's network link")
+    link.add_argument("host")
+    link.add_argument("state", choices=["up", "down"])
+
+    rb = sub.add_parser("reboot", help="halt a lab host and boot it again (its disk kept), then wait for SSH")
+    rb.add_argument("host")
+
     sub.add_parser("wheelhouse", help="download the wheels the roles copy to nodes into .lab/wheelhouse (once)")
     seed = sub.add_parser("seed-model", help="put the lab model on the model-store host")
     seed.add_argument("--name", default=prepare.MODEL_NAME, help=f"default {prepare.MODEL_NAME}")
@@ -67,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument("--size", choices=["tiny", "sparse"], default="tiny",
                       help="tiny (~10 MB of zeros) or sparse (the real size in sparse files: no disk, but a "
                            "sync moves every byte)")
+    lab_tls = sub.add_parser("tls", help="make a private CA and the front door's certificate in STATE_DIR/tls")
+    lab_tls.add_argument("--host", default="lb1", help="the front door's lab host (default lb1)")
+    lab_tls.add_argument("--name", default=tls.FRONTDOOR_NAME,
+                         help=f"DNS name the certificate covers besides the host's address (default {tls.FRONTDOOR_NAME})")
     return p
 
 
@@ -100,6 +114,21 @@ def main(argv: list[str]) -> int:
             if lab is None or not fleet.lab_is_running(lab):
                 raise LabError(f"no running lab in {paths.state_dir}; start one with `bin/lab up`")
             prepare.seed_model(lab, args.name, args.revision, fixture=args.fixture, size=args.size)
+            return 0
+        if args.command == "link":
+            fleet.set_link(paths, args.host, args.state == "up")
+            return 0
+        if args.command == "reboot":
+            fleet.reboot(paths, args.host)
+            return 0
+        if args.command == "tls":
+            lab = state.load(paths.state_dir)
+            host = lab.host(args.host) if lab else None
+            if host is None:
+                raise LabError(f"no lab host {args.host!r} in {paths.state_dir}; start one with `bin/lab up`")
+            made = tls.issue(paths.state_dir / "tls", host.address, args.name)
+            print(f"{'made' if made else 'kept'} {paths.state_dir / 'tls'}: "
+                  f"{tls.describe(paths.state_dir / 'tls')}")
             return 0
         if args.command == "profiles":
             print("\n".join(known_profiles(fleet.PROFILES_DIR)))

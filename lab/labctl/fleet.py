@@ -285,6 +285,42 @@ def _swap_profile(lab: LabState, host: str, profile: str, log) -> None:
     lab.shape.node_profiles[host] = profile
 
 
+def reboot(paths: LabPaths, host: str, timeout_s: float = 120.0, log=print) -> None:
+    """Halt one host as `systemctl reboot` would end it (SIGTERM to its nspawn: systemd stops every unit), boot the
+    same root again in the same namespace, and wait for SSH and systemd. What the host wrote survives (its overlay's
+    upper layer); what lived in /run and memory does not, as on a real reboot."""
+    system.check_host()
+    with locked(paths.state_dir / ".lock"):
+        lab = _running_lab(paths)
+        record = lab.host(host)
+        if record is None:
+            raise LabError(f"unknown host {host!r} (lab hosts: {', '.join(h.name for h in lab.hosts)})")
+        started = time.monotonic()
+        system.stop_processes([(record.pid, record.start_time)], grace_s=60.0)
+        record.pid, record.start_time = 0, 0
+        state.save(paths.state_dir, lab)
+        record.pid, record.start_time = system.start_nspawn(Path(record.root), record.name, record.netns,
+                                                            record.cgroups, Path(record.log))
+        state.save(paths.state_dir, lab)
+        readiness = ready.wait_for_hosts([(record.name, record.address)], paths.key, paths.known_hosts,
+                                         timeout_s=timeout_s)[0]
+        log(f"lab: {host} rebooted: SSH and systemd ({readiness.system_state}) after {time.monotonic() - started:.1f} s")
+
+
+def set_link(paths: LabPaths, host: str, up: bool, log=print) -> None:
+    """Cut (down) or restore (up) a host's only link, its veth on the lab's bridge: the host keeps running and
+    sees nothing of it; every peer's packets to it are dropped, as when a cable or a switch port dies."""
+    system.check_host()
+    with locked(paths.state_dir / ".lock"):
+        lab = _running_lab(paths)
+        record = lab.host(host)
+        if record is None:
+            raise LabError(f"unknown host {host!r} (lab hosts: {', '.join(h.name for h in lab.hosts)})")
+        state_word = "up" if up else "down"
+        system.run(["ip", "link", "set", record.veth, state_word], f"setting {host}'s link {state_word}")
+        log(f"lab: {host}: link {record.veth} {state_word}")
+
+
 def _running_lab(paths: LabPaths) -> LabState:
     lab = state.load(paths.state_dir)
     if lab is None:

@@ -28,8 +28,9 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #   prometheus-node-exporter
 #                  every GPU node (entry point exporters); unit left disabled, the role enables it
 #   dbus           node exporter's systemd collector talks to systemd over the system bus
+#   nftables       every GPU node's guard (roles/node_firewall); nftables.service itself stays as Debian ships it
 PACKAGES = (
-    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "less", "libjansson4",
+    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "less", "libjansson4", "nftables",
     "openssh-server", "procps", "prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter",
     "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
     "systemd", "systemd-sysv",

@@ -204,7 +204,9 @@ def start_nspawn(root: Path, machine: str, netns: str, cgroups: list[str], log_p
     """Boot `root` with systemd as PID 1 in `netns`, detached from this process; returns (pid, start time)."""
     argv = ["systemd-nspawn", "--quiet", f"--directory={root}", f"--machine={machine}", "--boot",
             "--register=no", "--keep-unit", f"--network-namespace-path=/run/netns/{netns}",
-            "--console=passive", "--link-journal=no", "--resolv-conf=off", "--timezone=off"]
+            "--console=passive", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
+            # The host's own firewall (roles/node_firewall) loads nftables rules: allowed in its own namespace only
+            "--capability=CAP_NET_ADMIN"]
 
     def enter_cgroups() -> None:
         for path in cgroups:

@@ -8,8 +8,13 @@ written as JSON. A request fails when the answer is not HTTP 200, is cut (a trun
 `data: [DONE]` or a finish_reason, or has no text or usage (docs/facts/lb-and-rolling.md §4.1): the client never
 retries, so nothing the front door lets through is hidden.
 
-    loadgen.py --host 10.0.0.4 --port 80 --model tiny-chat --api-key KEY --concurrency 8 --max-tokens 64 \
-               --stop-file /run/loadgen.stop --out /var/tmp/loadgen.json
+With `--tls` it speaks https to the front door and verifies its certificate and the host name (an IP address against
+the certificate's IP SANs) against `--ca-file`, else the system's trust store; never unverified. The API key comes
+from `--api-key-file` (or $REVIVE_API_KEY), so that it is not in argv, which every user of the host can read.
+
+    loadgen.py --host 10.0.0.4 --tls --ca-file /etc/revive/ca.pem --api-key-file /run/revive-api-key \
+               --model tiny-chat --concurrency 8 --max-tokens 64 --stop-file /run/loadgen.stop \
+               --out /var/tmp/loadgen.json
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "module_utils"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from revive_sse import Endpoint, StreamRequest, stream  # noqa: E402
+from revive_sse import CAFileError, Endpoint, StreamRequest, stream, tls_context  # noqa: E402
 
 PROMPTS = (
     "Explain in two sentences what a rolling update is.",
@@ -49,7 +54,8 @@ def percentile(values: List[float], fraction: float) -> Optional[float]:
 class Load:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.endpoint = Endpoint(args.host, args.port, args.api_key, timeout=args.request_timeout)
+        self.endpoint = Endpoint(args.host, args.port, args.api_key, timeout=args.request_timeout, tls=args.tls,
+                                 ca_file=args.ca_file)
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.started = time.time()
@@ -113,7 +119,8 @@ class Load:
         return self.summary()
 
     def summary(self) -> dict:
-        return {"host": self.args.host, "port": self.args.port, "concurrency": self.args.concurrency,
+        return {"host": self.args.host, "port": self.args.port, "tls": self.args.tls,
+                "concurrency": self.args.concurrency,
                 "think_time_s": self.args.think_time,
                 "max_tokens": self.args.max_tokens, "ignore_eos": self.args.ignore_eos,
                 "duration_s": round(time.time() - self.started, 2),
@@ -128,9 +135,17 @@ class Load:
 def parse(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, default=80)
+    parser.add_argument("--port", type=int, help="default: 443 with --tls, else 80")
+    parser.add_argument("--tls", action="store_true", help="https, the server's certificate verified")
+    parser.add_argument("--ca-file", default="", metavar="PATH",
+                        help="with --tls: CA certificate(s) (PEM) to verify the front door with; default: the "
+                             "system's trust store")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--api-key", default=os.environ.get("REVIVE_API_KEY", ""))
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", metavar="PATH", help="read the bearer token from this file (stripped)")
+    key.add_argument("--api-key", default=os.environ.get("REVIVE_API_KEY", ""),
+                     help="the bearer token itself (default: $REVIVE_API_KEY); shows in argv (ps, /proc): prefer "
+                          "--api-key-file or the environment")
     parser.add_argument("--kind", choices=["chat", "completions"], default="chat")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -145,6 +160,23 @@ def parse(argv: List[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.duration and not args.stop_file:
         parser.error("give --duration or --stop-file")
+    if args.port is None:
+        args.port = 443 if args.tls else 80
+    if args.ca_file and not args.tls:
+        parser.error("argument --ca-file: it verifies a TLS front door; give --tls as well")
+    if args.tls:
+        try:
+            tls_context(args.ca_file)   # a bad CA file stops here, not in every client thread
+        except CAFileError as exc:
+            parser.error(f"argument --ca-file: {exc}")
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as handle:
+                args.api_key = handle.read().strip()
+        except OSError as exc:
+            parser.error(f"argument --api-key-file: {args.api_key_file}: {exc.strerror or exc}")
+        if not args.api_key:
+            parser.error(f"argument --api-key-file: {args.api_key_file} holds no key")
     return args
 
 

@@ -23,10 +23,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 try:
-    from ansible.module_utils.revive_sse import DONE, SSEDecoder, content_of
+    from ansible.module_utils.revive_sse import DONE, SSEDecoder, certificate_problem, content_of, tls_context
     from ansible.module_utils.revive_sse import _error_message as error_message
 except ImportError:  # copied to a host as plain top-level files, next to revive_sse.py
-    from revive_sse import DONE, SSEDecoder, content_of  # type: ignore[no-redef]
+    from revive_sse import DONE, SSEDecoder, certificate_problem, content_of, tls_context  # type: ignore[no-redef]
     from revive_sse import _error_message as error_message  # type: ignore[no-redef]
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -41,11 +41,13 @@ class URLError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """One server: scheme, host, port and an optional path prefix (a front door may serve under one)."""
+    """One server: scheme, host, port and an optional path prefix (a front door may serve under one). An https
+    server's certificate is verified against `ca_file` (PEM), or the system's trust store when it is empty."""
     scheme: str
     host: str
     port: int
     prefix: str = ""
+    ca_file: str = ""
 
     @property
     def label(self) -> str:
@@ -144,7 +146,7 @@ def request_body(kind: str, model: str, prompt: Any, max_tokens: int, ignore_eos
 
 
 async def _open(target: Target, connect_timeout: float) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    context = ssl.create_default_context() if target.scheme == "https" else None
+    context = tls_context(target.ca_file) if target.scheme == "https" else None
     return await asyncio.wait_for(asyncio.open_connection(target.host, target.port, ssl=context,
                                                           limit=1 << 20), connect_timeout)
 
@@ -383,6 +385,8 @@ async def stream_request(target: Target, kind: str, payload: bytes, record: Requ
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
         where = "before the response" if not record.status else f"after {len(record.events)} content events"
         state["problems"].append(f"connection cut {where}: {type(exc).__name__}: {exc}")
+    except ssl.SSLCertVerificationError as exc:
+        state["problems"].append(certificate_problem(target.label, target.ca_file, exc))
     except (OSError, ValueError) as exc:
         state["problems"].append(f"{type(exc).__name__} talking to {target.label}: {exc}")
     record.ended = clock()

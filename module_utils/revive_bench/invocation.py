@@ -63,7 +63,8 @@ def bench_argv(params: Mapping[str, Any]) -> List[str]:
             "--max-tokens", str(_positive(params, "max_tokens", integer=True)),
             "--slo-e2e-p95", f"{_positive(params, 'slo_e2e_p95_s'):g}",
             "--timeout", f"{_positive(params, 'request_timeout_s'):g}",
-            "--out", str(params["out"]), *extra]
+            "--out", str(params["out"]),
+            *(["--ca-file", str(params["ca_file"])] if params.get("ca_file") else []), *extra]
 
 
 def bench_outcome(judge_rc: int, summary: Dict[str, Any], fail_on_inconclusive: bool = True) -> Dict[str, Any]:

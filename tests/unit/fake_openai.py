@@ -2,13 +2,15 @@
 
 Raw sockets, so that a test controls every byte: chunked framing, a connection cut mid-body, a missing
 `[DONE]`, a role-only first chunk sent late. Each streamed answer is built by `Answer` (what to send and
-how slowly); `FakeServer.answer_for(number, body)` decides per request (default: a good answer).
+how slowly); `FakeServer.answer_for(number, body)` decides per request (default: a good answer). With `tls` (a
+server-side SSLContext) it speaks https, as a front door that terminates TLS does.
 """
 from __future__ import annotations
 
 import json
 import socket
 import socketserver
+import ssl
 import threading
 import sys
 import time
@@ -143,6 +145,22 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     fake: "FakeServer"
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """With `tls`, the handshake first, in the request's own thread; a client that refuses the certificate (what
+        the TLS tests do on purpose) ends the request quietly."""
+        if self.fake.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10.0)
+        try:
+            secure = self.fake.tls.wrap_socket(request, server_side=True)
+        except OSError:
+            return
+        try:
+            super().finish_request(secure, client_address)
+        finally:
+            self.shutdown_request(secure)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up mid-answer is what several tests do on purpose: not an error. Anything else is
         kept for `FakeServer.__exit__` to raise, never printed: a handler thread can outlive its test, and
@@ -165,6 +183,7 @@ class FakeServer:
     health_polls: int = 0
     errors: List[str] = field(default_factory=list)   # handler failures other than a client hanging up
     lock: threading.Lock = field(default_factory=threading.Lock)
+    tls: Optional[ssl.SSLContext] = None
     port: int = 0
     _server: Optional[_TCPServer] = None
 

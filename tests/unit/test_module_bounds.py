@@ -147,6 +147,9 @@ def _dummy(option: Dict[str, Any], tmp: str) -> Any:
     if option.get("choices"):
         return option["choices"][0]
     kind = option.get("type", "str")
+    if option.get("no_log") and kind == "str":
+        # Ansible masks every occurrence of a no_log value in the result: "x" would mask the x of "Fix"
+        return "dummy-secret-value"
     if kind == "dict" and option.get("options"):
         return {key: _dummy(sub, tmp) for key, sub in option["options"].items() if sub.get("required")}
     return {"str": "x", "path": os.path.join(tmp, "absent"), "int": 1, "float": 1.0, "bool": False, "dict": {},
