@@ -21,10 +21,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
+from logged_run import run_logged, tail
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = [sys.executable, str(REPO / "bin/lab")]
@@ -42,17 +42,6 @@ BENCH = {
     "benchmark_slo_e2e_p95_s": 12,
     "benchmark_run_id": "fieldnotes",
 }
-
-
-def run(argv: list[str], log: Path, env=None) -> tuple[int, float]:
-    started = time.monotonic()
-    with log.open("w") as out:
-        rc = subprocess.run(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    return rc, time.monotonic() - started
-
-
-def tail(log: Path, lines: int = 60) -> str:
-    return "\n".join(log.read_text().splitlines()[-lines:])
 
 
 def test_benchmark_playbook_reproduces_the_field_notes_on_a_lab(tmp_path):
@@ -75,11 +64,11 @@ def test_benchmark_playbook_reproduces_the_field_notes_on_a_lab(tmp_path):
             ("site.yml", [*playbook, "site.yml"]),
         ]:
             log = tmp_path / f"{name.replace(' ', '-')}.log"
-            rc, times[name] = run(argv, log, env)
+            rc, times[name] = run_logged(argv, log, env)
             assert rc == 0, f"{name} failed:\n{tail(log)}"
         log = tmp_path / "benchmark.log"
-        rc, times["benchmark.yml"] = run([*playbook, "playbooks/benchmark.yml", "-e", json.dumps(bench_vars)],
-                                         log, env)
+        rc, times["benchmark.yml"] = run_logged(
+            [*playbook, "playbooks/benchmark.yml", "-e", json.dumps(bench_vars)], log, env)
     finally:
         subprocess.run([*lab, "down"], cwd=REPO, capture_output=True)
     report = tmp_path / "reports" / "fieldnotes"

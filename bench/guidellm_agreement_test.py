@@ -41,9 +41,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bin"))
@@ -55,6 +54,7 @@ from revive_cli import use_module_utils  # noqa: E402
 use_module_utils()
 from ansible.module_utils.revive_bench import prompts as bench_prompts  # noqa: E402
 from ansible.module_utils.revive_bench.stats import percentile  # noqa: E402
+from logged_run import run_logged, tail  # noqa: E402
 
 GUIDELLM = REPO / ".venv-guidellm" / "bin" / "guidellm"
 GUIDELLM_VERSION = "0.8.1"
@@ -84,17 +84,6 @@ def guidellm_prompts(path: Path, rows: int) -> Tuple[str, int]:
         for i in range(rows):
             handle.write(json.dumps({"prompt": items[order[i % len(order)]].as_text()}) + "\n")
     return prompt_set["sha256"], len(items)
-
-
-def run_logged(argv: List[str], log: Path, env: Dict[str, str]) -> Tuple[int, float]:
-    started = time.monotonic()
-    with log.open("wb") as handle:
-        rc = subprocess.run(argv, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
-    return rc, time.monotonic() - started
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def bench_numbers(level: dict) -> Dict[str, float]:
