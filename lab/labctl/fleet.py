@@ -292,9 +292,7 @@ def reboot(paths: LabPaths, host: str, timeout_s: float = 120.0, log=print) -> N
     system.check_host()
     with locked(paths.state_dir / ".lock"):
         lab = _running_lab(paths)
-        record = lab.host(host)
-        if record is None:
-            raise LabError(f"unknown host {host!r} (lab hosts: {', '.join(h.name for h in lab.hosts)})")
+        record = _known_host(lab, host)
         started = time.monotonic()
         system.stop_processes([(record.pid, record.start_time)], grace_s=60.0)
         record.pid, record.start_time = 0, 0
@@ -304,7 +302,8 @@ def reboot(paths: LabPaths, host: str, timeout_s: float = 120.0, log=print) -> N
         state.save(paths.state_dir, lab)
         readiness = ready.wait_for_hosts([(record.name, record.address)], paths.key, paths.known_hosts,
                                          timeout_s=timeout_s)[0]
-        log(f"lab: {host} rebooted: SSH and systemd ({readiness.system_state}) after {time.monotonic() - started:.1f} s")
+        log(f"lab: {host} rebooted: SSH and systemd ({readiness.system_state}) after "
+            f"{time.monotonic() - started:.1f} s")
 
 
 def set_link(paths: LabPaths, host: str, up: bool, log=print) -> None:
@@ -313,12 +312,17 @@ def set_link(paths: LabPaths, host: str, up: bool, log=print) -> None:
     system.check_host()
     with locked(paths.state_dir / ".lock"):
         lab = _running_lab(paths)
-        record = lab.host(host)
-        if record is None:
-            raise LabError(f"unknown host {host!r} (lab hosts: {', '.join(h.name for h in lab.hosts)})")
+        record = _known_host(lab, host)
         state_word = "up" if up else "down"
         system.run(["ip", "link", "set", record.veth, state_word], f"setting {host}'s link {state_word}")
         log(f"lab: {host}: link {record.veth} {state_word}")
+
+
+def _known_host(lab: LabState, host: str) -> HostRecord:
+    record = lab.host(host)
+    if record is None:
+        raise LabError(f"unknown host {host!r} (lab hosts: {', '.join(h.name for h in lab.hosts)})")
+    return record
 
 
 def _running_lab(paths: LabPaths) -> LabState:

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from fixtures.haproxy import HAPROXY, HAProxy, free_port, render
+from fixtures.haproxy import HAPROXY, Backend, HAProxy, free_port, render
 from ansible.module_utils.revive_haproxy import (
     HAProxyError,
     admin_mode,
@@ -29,44 +28,6 @@ from ansible.module_utils.revive_haproxy import (
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "frontdoor"
-
-
-class Backend:
-    """A vLLM stand-in: /health answers 200; POST /v1/... holds its answer until `release` is set."""
-
-    def __init__(self):
-        self.release = threading.Event()
-        self.arrived = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.arrived.set()
-                outer.release.wait(30)
-                body = b'{"ok": true}'
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
@@ -22,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
-from fixtures.haproxy import HAProxy, free_port, render
+from fixtures.haproxy import Backend, HAProxy, free_port, render
 
 from ansible.module_utils.revive_frontdoor import DEFAULT_PORT, DEFAULT_TLS_PORT, frontdoor_url
 from ansible.module_utils.revive_haproxy import ensure, socket_sender
@@ -182,40 +180,10 @@ def test_the_module_checks_through_ansible_and_never_shows_the_key(repo, tmp_pat
     assert bad["failed"] and bad["msg"].startswith("vault_lb_key is not the key of the first certificate"), bad
 
 
-class Backend:
-    """/health and POST answer 200 at once."""
-
-    def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = b'{"ok": true}'
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def tls_front(tmp_path, pki):
     backend = Backend()
+    backend.release.set()   # answer at once
     plain, secure = free_port(), free_port()
     tls_dir = tmp_path / "tls"
     tls_dir.mkdir(mode=0o700)
@@ -277,6 +245,7 @@ def test_only_tls_12_with_forward_secret_aead_and_tls_13_are_spoken(tls_front):
 
 def test_https_only_when_http_is_off(tmp_path, pki):
     backend = Backend()
+    backend.release.set()   # answer at once
     try:
         config = render(tmp_path, [backend], free_port(), frontdoor_tls_certificate=pki["chain"],
                         frontdoor_tls_key=pki["key"], frontdoor_tls_port=free_port(), frontdoor_tls_http="off")
@@ -289,6 +258,7 @@ def test_https_only_when_http_is_off(tmp_path, pki):
 
 def test_without_a_certificate_the_configuration_has_no_tls_at_all(tmp_path):
     backend = Backend()
+    backend.release.set()   # answer at once
     try:
         config = render(tmp_path, [backend], 8080)
     finally:
