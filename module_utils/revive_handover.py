@@ -32,6 +32,25 @@ def failure_message(result: Mapping[str, Any], task: Any = None, fallback: str =
     return f"{name}: {text}"
 
 
+def out_of_traffic(servers: Any) -> List[str]:
+    """'<server> <mode>' for each server not READY in a haproxy_server result ({name: {mode, ...}}), sorted.
+
+    What a run finds at its start that an earlier run (interrupted in the middle: docs/faults.md) or an operator
+    left out of traffic; nothing read (None) is nothing found."""
+    if not isinstance(servers, Mapping):
+        return []
+    return sorted(f"{name} {(state or {}).get('mode', '?')}" for name, state in servers.items()
+                  if not isinstance(state, Mapping) or state.get("mode") != "ready")
+
+
+def found_out_note(found: Sequence[str], what: str) -> str:
+    """The sentence a node's outcome carries when it was found out of traffic ('' when it was not)."""
+    if not found:
+        return ""
+    return (f" - found out of traffic ({', '.join(found)}) {what}: an earlier run stopped in the middle (interrupted "
+            "or killed) or an operator took it out; reported here, never left so silently")
+
+
 def _id(release: Optional[Mapping[str, Any]], missing: str = "?") -> str:
     return str(release.get("id", missing)) if isinstance(release, Mapping) else missing
 
@@ -43,7 +62,9 @@ def handover_state(info: Mapping[str, Any], front_door: Mapping[str, Any], check
     frontdoor_node_servers_now ({front_door: the LB host or '', servers: their states or None when unread}).
     Handed over: every replica of the current release passed its last warm-up for exactly this release, and -
     where there is a front door - every one of its servers is READY. Check mode cannot warm up a node that has
-    no release yet.
+    no release yet. `out_before`: its servers not READY as read (out_of_traffic); `found_out`: the same, only for a
+    node whose release had passed its warm-up - handed over once and taken out since - which the outcome's
+    message reports (a new node's servers start in maintenance: not a finding).
     """
     release = info.get("current") or None
     replicas = [replica.get("name") for replica in (release or {}).get("replicas") or []]
@@ -56,13 +77,17 @@ def handover_state(info: Mapping[str, Any], front_door: Mapping[str, Any], check
     servers = front_door.get("servers")
     servers_ready = not has_front_door or (isinstance(servers, Mapping)
                                            and all(s.get("mode") == "ready" for s in servers.values()))
-    handed_over = release is not None and len(replicas) > 0 and len(passed) == len(replicas) and servers_ready
+    warmed = release is not None and len(replicas) > 0 and len(passed) == len(replicas)
+    handed_over = warmed and servers_ready
     # A serving group's worker or spare has no server of its own: its stage is warmed up and handed over with the
     # group's one replica, on the head.
     group = (release or {}).get("group") or {}
     behind_head = not replicas and group.get("role") in ("worker", "spare")
+    # Warmed up for this release, yet out of traffic: it was handed over once and something took it out since.
+    found_out = out_of_traffic(servers) if warmed and has_front_door and not servers_ready else []
     return {"release": release, "servers": list(info.get("servers") or []), "front_door": has_front_door,
-            "check_mode": bool(check_mode), "handed_over": handed_over or behind_head,
+            "check_mode": bool(check_mode), "handed_over": handed_over or behind_head, "found_out": found_out,
+            "out_before": out_of_traffic(servers),
             "behind_head": {"group": group.get("name"), "role": group.get("role"), "head": group.get("head")}
             if behind_head else None,
             "warm_up": not (handed_over or behind_head) and not (release is None and check_mode)}
@@ -82,13 +107,23 @@ def handover_result(state: Mapping[str, Any], node: str, record_path: str = "", 
                     failure: Optional[str] = None, failed_release: Optional[Mapping] = None,
                     rollback_message: str = "", restored: Optional[Mapping] = None,
                     restored_failure: Optional[str] = None) -> Dict[str, Any]:
-    """What became of the node: {node, status: serving | rolled_back | out, release, message}.
+    """What became of the node: {node, status: serving | rolled_back | out, release, message, out_before,
+    found_out}.
 
     `state` is handover_state's; `warmed` the release that warmed up and went READY; `failure` why its warm-up
     failed, `failed_release` which release that was; `rollback_message` the rollback's account ('' when none
     ran); `restored` the release the rollback restored and that serves again; `restored_failure` why that one
-    failed its warm-up too.
+    failed its warm-up too. `out_before` and `found_out` are the state's: its servers that were not READY before
+    the hand-over, and those of them its message reports as found out of traffic.
     """
+    outcome = _outcome(state, node, record_path, warmed, failure, failed_release, rollback_message, restored,
+                       restored_failure)
+    return dict(outcome, out_before=list(state.get("out_before") or []), found_out=list(state.get("found_out") or []))
+
+
+def _outcome(state: Mapping[str, Any], node: str, record_path: str, warmed: Optional[Mapping],
+             failure: Optional[str], failed_release: Optional[Mapping], rollback_message: str,
+             restored: Optional[Mapping], restored_failure: Optional[str]) -> Dict[str, Any]:
     note = "" if state.get("front_door") else NO_FRONT_DOOR_NOTE
     release = state.get("release")
     member = state.get("behind_head")
@@ -104,10 +139,11 @@ def handover_result(state: Mapping[str, Any], node: str, record_path: str = "", 
         return {"node": node, "status": "out", "release": None,
                 "message": f"check mode: {node} has no release recorded in {record_path} yet (run without --check to "
                            "provision it); would warm up its replicas and set them READY"}
+    found = found_out_note(state.get("found_out") or [], f"with release {_id(release)} already warmed up")
     if failure is None:
         return {"node": node, "status": "serving", "release": _id(warmed, None),
-                "message": f"{node}: warmed up and handed over with release {_id(warmed)}{note}"}
-    failed = f"{node}: release {_id(failed_release)} failed ({failure.strip()})"
+                "message": f"{node}: warmed up and handed over with release {_id(warmed)}{note}{found}"}
+    failed = f"{node}{found}: release {_id(failed_release)} failed ({failure.strip()})"
     if restored and restored_failure is None:
         return {"node": node, "status": "rolled_back", "release": _id(restored),
                 "message": f"{failed}; rolled back to release {_id(restored)}, which warmed up and serves"}
@@ -129,13 +165,17 @@ def served_model_name(argv: Sequence[str]) -> str:
 
 # --- rolling ----------------------------------------------------------------------------------------------
 
-def roll_node_result(handover: Mapping[str, Any], target_id: str, switch_failure: Optional[str] = None) -> Dict[str, Any]:
+def roll_node_result(handover: Mapping[str, Any], target_id: str, switch_failure: Optional[str] = None,
+                     found_out: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """One node's outcome in a roll: did it take the target release, does it serve, and why.
 
     `handover` is the handover role's handover_result; `switch_failure` why the drain or the switch failed (the
-    node then runs its old, restored release, handed back without a further rollback).
+    node then runs its old, restored release, handed back without a further rollback); `found_out` its servers
+    that were out of traffic when its roll began (the drain's `before`, or the hand-over's `out_before`).
     """
     message = str(handover.get("message", ""))
+    if found_out and not handover.get("found_out"):  # the hand-over's message may say so already
+        message = f"{message}{found_out_note(found_out, 'when its roll began')}"
     if switch_failure is not None:
         message = f"{handover.get('node')}: release {target_id} failed ({switch_failure.strip()}); {message}"
     return {"node": handover.get("node"), "target": target_id,

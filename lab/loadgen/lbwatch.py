@@ -4,7 +4,7 @@
 Runs on the LB host with the system python3 and `revive_haproxy.py` (module_utils/revive_haproxy.py) beside it.
 Every `--interval` seconds it reads the backend's servers through the runtime API; a node serves while at least
 one of its servers takes new requests (READY and not DOWN). Until `--stop-file` exists; then it writes the
-minimum, the samples taken and every change of state as JSON.
+minimum, the samples taken, every change of state and how many times each node stopped serving as JSON.
 
     lbwatch.py --nodes '{"node1": ["node1-vllm-0", "node1-vllm-1"], ...}' --stop-file /run/lbwatch.stop \
                --out /var/tmp/lbwatch.json
@@ -27,6 +27,18 @@ from revive_haproxy import HAProxyError, list_servers, socket_sender  # noqa: E4
 
 def serving_nodes(nodes: Dict[str, List[str]], serving: Dict[str, bool]) -> List[str]:
     return sorted(node for node, servers in nodes.items() if any(serving.get(name, False) for name in servers))
+
+
+def left_serving(changes: List[dict], nodes: List[str]) -> Dict[str, int]:
+    """How many times each node stopped serving (was serving in one change and not in the next)."""
+    counts = {node: 0 for node in nodes}
+    before: List[str] = []
+    for change in changes:
+        for node in before:
+            if node not in change["serving_nodes"]:
+                counts[node] += 1
+        before = change["serving_nodes"]
+    return counts
 
 
 def main(argv: List[str]) -> int:
@@ -63,7 +75,8 @@ def main(argv: List[str]) -> int:
             last = view
         time.sleep(args.interval)
     summary = {"samples": samples, "duration_s": round(time.time() - started, 2), "min_serving_nodes": minimum,
-               "nodes": sorted(nodes), "changes": changes, "errors": errors[:20]}
+               "nodes": sorted(nodes),
+               "left_serving": left_serving(changes, sorted(nodes)), "changes": changes, "errors": errors[:20]}
     temporary = args.out + ".tmp"
     with open(temporary, "w", encoding="utf-8") as out:
         json.dump(summary, out, indent=1)

@@ -144,7 +144,28 @@ HANDOVER_STATE = """
   info: {current: {id: aaaaaaaaaaaa, replicas: [{name: vllm-0}], group: {name: g, role: head, head: node1}},
          report: {replicas: {vllm-0: PASSED_A}}}
   front_door: {front_door: lb1, servers: {n1-vllm-0: {mode: maint}}}
-  expected: {handed_over: false, warm_up: true, behind_head: null}
+  expected: {handed_over: false, warm_up: true, behind_head: null, found_out: [n1-vllm-0 maint]}
+- id: warmed up for its release, then left in maintenance and drain (an interrupted run) - found out of traffic
+  info: {current: A, report: {replicas: {vllm-0: PASSED_A, vllm-1: PASSED_A}}}
+  front_door: {front_door: lb1, servers: {n1-vllm-1: {mode: drain}, n1-vllm-0: {mode: maint}}}
+  expected: {handed_over: false, warm_up: true, found_out: [n1-vllm-0 maint, n1-vllm-1 drain],
+             out_before: [n1-vllm-0 maint, n1-vllm-1 drain]}
+- id: one server READY, one in maintenance - only that one is found
+  info: {current: A, report: {replicas: {vllm-0: PASSED_A, vllm-1: PASSED_A}}}
+  front_door: {front_door: lb1, servers: {n1-vllm-0: {mode: ready}, n1-vllm-1: {mode: maint}}}
+  expected: {handed_over: false, warm_up: true, found_out: [n1-vllm-1 maint], out_before: [n1-vllm-1 maint]}
+- id: a new release not warmed up yet starts in maintenance - out, but not a finding
+  info: {current: A, report: null}
+  front_door: {front_door: lb1, servers: {n1-vllm-0: {mode: maint}, n1-vllm-1: {mode: maint}}}
+  expected: {handed_over: false, warm_up: true, found_out: [], out_before: [n1-vllm-0 maint, n1-vllm-1 maint]}
+- id: servers not read (no HAProxy yet in check mode) - nothing found
+  info: {current: A, report: {replicas: {vllm-0: PASSED_A, vllm-1: PASSED_A}}}
+  front_door: {front_door: lb1, servers: null}
+  expected: {handed_over: false, warm_up: true, found_out: [], out_before: []}
+- id: handed over - nothing found
+  info: {current: A, report: {replicas: {vllm-0: PASSED_A, vllm-1: PASSED_A}}}
+  front_door: {front_door: lb1, servers: {n1-vllm-0: {mode: ready}, n1-vllm-1: {mode: ready}}}
+  expected: {handed_over: true, warm_up: false, found_out: [], out_before: []}
 """
 
 
@@ -272,6 +293,24 @@ HANDOVER_RESULT = """
   expected: {status: out, release: null,
              message: "node1: release aaaaaaaaaaaa failed (Warm up every replica on the node: HTTP 500); not rolled
                back (check mode, or handover_rollback is false); the node stays out of the front door (MAINT)"}
+- id: found in maintenance with its release warmed up, warmed up again and handed over - said so
+  state: {handed_over: false, warm_up: true, front_door: true, release: {id: aaaaaaaaaaaa},
+          found_out: [node1-vllm-0 maint, node1-vllm-1 drain], out_before: [node1-vllm-0 maint, node1-vllm-1 drain]}
+  warmed: {id: aaaaaaaaaaaa}
+  expected: {status: serving, release: aaaaaaaaaaaa,
+             message: "node1: warmed up and handed over with release aaaaaaaaaaaa - found out of traffic (node1-vllm-0
+               maint, node1-vllm-1 drain) with release aaaaaaaaaaaa already warmed up: an earlier run stopped in the
+               middle (interrupted or killed) or an operator took it out; reported here, never left so silently"}
+- id: found out of traffic and then failing its warm-up - the finding comes first
+  state: {handed_over: false, warm_up: true, front_door: true, release: {id: aaaaaaaaaaaa},
+          found_out: [node1-vllm-0 maint]}
+  failure: "Warm up every replica on the node: HTTP 500"
+  failed_release: {id: aaaaaaaaaaaa}
+  expected: {status: out, release: null,
+             message: "node1 - found out of traffic (node1-vllm-0 maint) with release aaaaaaaaaaaa already warmed up:
+               an earlier run stopped in the middle (interrupted or killed) or an operator took it out; reported here,
+               never left so silently: release aaaaaaaaaaaa failed (Warm up every replica on the node: HTTP 500); not
+               rolled back (check mode, or handover_rollback is false); the node stays out of the front door (MAINT)"}
 - id: the failed release is unknown (the record could not be read)
   state: {handed_over: false, warm_up: true, front_door: true, release: null}
   failure: "Read the release the node runs: no such file"
@@ -287,7 +326,8 @@ def test_handover_result(case):
     arguments = {key: case[key] for key in ("warmed", "failure", "failed_release", "rollback_message", "restored",
                                             "restored_failure") if key in case}
     result = handover_result(case["state"], "node1", "/var/lib/revive/releases.json", **arguments)
-    expected = dict(case["expected"], node="node1", message=case["expected"]["message"].replace("NO_LB", NO_LB))
+    expected = dict(case["expected"], node="node1", message=case["expected"]["message"].replace("NO_LB", NO_LB),
+                    out_before=case["state"].get("out_before", []), found_out=case["state"].get("found_out", []))
     assert result == expected
 
 
@@ -322,6 +362,23 @@ ROLL_NODE_RESULT = """
   expected: {took_release: false, serving: true,
              message: "node1: release bbbbbbbbbbbb failed (Restart vllm-0.service: Unable to restart); node1: warmed up
                and handed over with release aaaaaaaaaaaa"}
+- id: found in maintenance when its roll began (a roll interrupted there), then rolled
+  handover: {node: node1, status: serving, message: "node1: warmed up and handed over with release bbbbbbbbbbbb"}
+  found_out: [node1-vllm-0 maint, node1-vllm-1 maint]
+  expected: {took_release: true, serving: true,
+             message: "node1: warmed up and handed over with release bbbbbbbbbbbb - found out of traffic (node1-vllm-0
+               maint, node1-vllm-1 maint) when its roll began: an earlier run stopped in the middle (interrupted or
+               killed) or an operator took it out; reported here, never left so silently"}
+- id: the hand-over reported the finding already - said once
+  handover: {node: node1, status: serving, message: "node1: warmed up ... - found out of traffic (node1-vllm-0 maint)",
+             found_out: [node1-vllm-0 maint]}
+  found_out: [node1-vllm-0 maint]
+  expected: {took_release: true, serving: true,
+             message: "node1: warmed up ... - found out of traffic (node1-vllm-0 maint)"}
+- id: nothing found out of traffic adds nothing
+  handover: {node: node1, status: serving, message: "node1: already handed over with release bbbbbbbbbbbb"}
+  found_out: []
+  expected: {took_release: true, serving: true, message: "node1: already handed over with release bbbbbbbbbbbb"}
 - id: the switch failed and the node is out
   handover: {node: node1, status: out, message: "node1: ...; the node stays out of the front door (MAINT)"}
   switch_failure: "Drain: timeout"
@@ -333,7 +390,7 @@ ROLL_NODE_RESULT = """
 
 @pytest.mark.parametrize("case", cases(ROLL_NODE_RESULT))
 def test_roll_node_result(case):
-    result = roll_node_result(case["handover"], "bbbbbbbbbbbb", case.get("switch_failure"))
+    result = roll_node_result(case["handover"], "bbbbbbbbbbbb", case.get("switch_failure"), case.get("found_out"))
     assert result == dict(case["expected"], node="node1", target="bbbbbbbbbbbb")
 
 

@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""Run a command - an ansible-playbook - and interrupt it the way a controller dies (issue 17 §4).
+
+The signal goes to the command's whole process group, as a terminal sends an operator's Ctrl-C (`--signal INT`)
+and as a killed controller loses every process at once (`--signal KILL`: the playbook and its forks, and with them
+the SSH sessions they hold; what already runs on a host goes on there). It is sent as soon as a condition holds:
+a regular expression found in a URL's body (`--url`/`--regex`: the front door's Prometheus exporter says a server's
+state; it lists every state of a server, with 1 for the one it is in and 0 for the others, so the regex names the
+value) or a command that succeeds (`--until-cmd`, run through the shell: a file or a unit on a lab host). The
+command's output goes to `--log`. Prints one JSON object: {signal, condition, seconds (from the start to the signal), rc (the
+command's exit status; -9 for SIGKILL), ended_first, timed_out}.
+
+Exit status: 0 the command was interrupted as asked; 3 it ended before the condition held (nothing was
+interrupted: the check that uses this would prove nothing); 4 the condition did not hold within `--timeout` (the
+command is killed); 5 after SIGINT it did not end within `--grace` seconds (then it is killed).
+
+    interrupt.py --signal INT --url http://10.213.0.14:8405/metrics --regex 'server="node2-vllm-0",state="MAINT"} 1$' \\
+        --log run.log -- ansible-playbook -i inventory rolling.yml
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import List, Optional
+
+SIGNALS = {"INT": signal.SIGINT, "KILL": signal.SIGKILL}
+
+
+def url_matches(url: str, pattern: "re.Pattern[str]") -> bool:
+    """Whether the body of a GET of `url` matches; an unreachable URL (HAProxy not installed yet) does not."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:  # noqa: S310 - a lab host's address, given
+            return bool(pattern.search(answer.read().decode("utf-8", "replace")))
+    except (OSError, ValueError):
+        return False
+
+
+def command_succeeds(command: str) -> bool:
+    try:
+        return subprocess.run(command, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,  # noqa: S602
+                              timeout=20, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--signal", choices=sorted(SIGNALS), required=True)
+    parser.add_argument("--url", help="poll this URL ...")
+    parser.add_argument("--regex", help="... until its body matches this (multi-line)")
+    parser.add_argument("--until-cmd", help="or poll this shell command until it exits 0")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the condition")
+    parser.add_argument("--grace", type=float, default=120, help="seconds the command may take to end after SIGINT")
+    parser.add_argument("--log", required=True, help="where the command's stdout and stderr go")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command after --")
+    if bool(args.url) != bool(args.regex) or bool(args.url) == bool(args.until_cmd):
+        parser.error("give either --url with --regex, or --until-cmd")
+    if args.url:
+        pattern = re.compile(args.regex, re.MULTILINE)
+        condition, holds = f"{args.url} matches {args.regex}", lambda: url_matches(args.url, pattern)
+    else:
+        condition, holds = f"`{args.until_cmd}` succeeds", lambda: command_succeeds(args.until_cmd)
+
+    started = time.monotonic()
+    result = {"signal": args.signal, "condition": condition, "seconds": None, "rc": None,
+              "ended_first": False, "timed_out": False}
+    status = 0
+    os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
+    with open(args.log, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while process.poll() is None and not holds():
+            if time.monotonic() - started > args.timeout:
+                result["timed_out"], status = True, 4
+                break
+            time.sleep(args.interval)
+        if process.poll() is not None:
+            result["ended_first"], status = True, 3
+        else:
+            result["seconds"] = round(time.monotonic() - started, 1)
+            os.killpg(process.pid, signal.SIGKILL if status == 4 else SIGNALS[args.signal])
+            try:
+                process.wait(timeout=args.grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                status = 5
+    result["rc"] = process.returncode
+    print(json.dumps(result))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
