@@ -32,9 +32,11 @@ fakenvml:
 	$(MAKE) -C lab/fakenvml
 
 # The lab wheelhouse first: the unit tests install the locks a node installs from it (offline, as a node does).
+# uv installs no bytecode and PYTHONDONTWRITEBYTECODE may forbid writing it, so each of the suite's hundreds of
+# ansible-playbook/CLI processes compiled ansible from source: compiled once here (27% less time on the module tests).
 unit: venv fakenvml
 	@$(ACT) bin/lab wheelhouse
-	$(ACT) python -m pytest -q -n auto --dist loadfile tests/unit
+	$(ACT) { python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true; } && python -m pytest -q -n auto --dist loadfile tests/unit
 
 lint: venv
 	$(ACT) ansible-lint
