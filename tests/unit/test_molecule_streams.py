@@ -76,3 +76,34 @@ def test_all_passing_exits_0(tmp_path):
     done = run(tmp_path, fake, "a,c", "b")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "molecule streams: a passed" in done.stdout and "FAILED" not in done.stdout
+
+
+def test_a_step_runs_in_its_stream_beside_the_scenarios_and_its_failure_is_repeated(tmp_path):
+    """Steps (the unit tests, ansible-lint) are named like scenarios and run with bash in the project; a failed
+    step's last lines end the output, and a failure ends only the step's stream."""
+    fake = project(tmp_path, "a", "b")
+    steps = ["--step", "unit=touch started-unit; echo '1 failed, 9 passed'; exit 4",
+             "--step", "lint=touch started-lint"]
+    done = run(tmp_path, fake, *steps, "a", "b", "unit,lint")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "stream 3: unit FAILED (exit 4)" in done.stdout and "stream 3: not run after the failure: lint" in done.stdout
+    assert "stream 1: a passed" in done.stdout and "stream 2: b passed" in done.stdout
+    assert (tmp_path / "started-unit").exists() and not (tmp_path / "started-lint").exists()
+    assert (tmp_path / ".step-unit.log").read_text() == "1 failed, 9 passed\n"
+    joined = (tmp_path / ".molecule.log").read_text()
+    assert "===== step unit: touch started-unit;" in joined
+    tail = (tmp_path / ".molecule-tail.txt").read_text()
+    assert "----- last 40 lines of step unit (.step-unit.log):\n1 failed, 9 passed\n" in tail
+
+
+def test_steps_are_checked_like_scenarios(tmp_path):
+    fake = project(tmp_path, "a", "b")
+    done = run(tmp_path, fake, "--step", "a=true", "--step", "lint=true", "--step", "lint=false", "--step", "bad",
+               "a,b")
+    assert done.returncode == 2
+    assert "--step lint: defined twice" in done.stderr and "--step 'bad': give NAME=COMMAND" in done.stderr
+    done = run(tmp_path, fake, "--step", "a=true", "--step", "lint=true", "a,b")
+    assert done.returncode == 2
+    assert "a step named like a scenario: a - rename the step" in done.stderr
+    assert "not in any stream: lint - add each to a stream" in done.stderr
+    assert not list(tmp_path.glob("started-*")), "nothing runs after a refusal"
