@@ -28,6 +28,7 @@ from ansible.module_utils.revive_handover import (  # noqa: E402
     roll_node_result,
     roll_order,
     roll_policy,
+    roll_unreachable_result,
     roll_summary,
     served_model_name,
 )
@@ -98,6 +99,7 @@ class FilterModule:
             "roll_node_result": roll_node_result,
             "roll_order": roll_order,
             "roll_policy": roll_policy,
+            "roll_unreachable_result": roll_unreachable_result,
             "roll_summary": roll_summary,
             "served_model_name": served_model_name,
             "slo_gate_concurrency": gate_concurrency,

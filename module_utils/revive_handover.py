@@ -11,7 +11,7 @@ entry point `rollback`), which is warmed up and handed over only if it passes; o
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 NO_FRONT_DOOR_NOTE = " (no front door: the inventory has no lb host; clients call the replicas directly)"
 STAYS_OUT = "the node stays out of the front door (MAINT)"
@@ -181,6 +181,53 @@ def roll_node_result(handover: Mapping[str, Any], target_id: str, switch_failure
     return {"node": handover.get("node"), "target": target_id,
             "took_release": switch_failure is None and handover.get("status") == "serving",
             "serving": handover.get("status") != "out", "message": message}
+
+
+# HAProxy's show stat status words of a server that takes no new request (revive_haproxy.ServerState.serving).
+NO_TRAFFIC_STATUS = ("DOWN", "MAINT", "DRAIN", "NOLB")
+
+
+def _front_door_view(front_door: Optional[Mapping[str, Any]]) -> Tuple[Optional[bool], str]:
+    """(takes traffic?, words) of a node's servers as the frontdoor role's `servers` entry point read them
+    ({front_door, servers: {name: {mode, status, scur}}}); None when nothing was read."""
+    front_door = front_door or {}
+    lb, servers = front_door.get("front_door"), front_door.get("servers")
+    if not lb:
+        return None, "no front door (the inventory has no lb host)"
+    if not isinstance(servers, Mapping) or not servers:
+        return None, f"the front door {lb} could not say (its servers were not read)"
+    taking = [name for name, state in servers.items() if isinstance(state, Mapping)
+              and state.get("mode") == "ready" and not str(state.get("status", "")).startswith(NO_TRAFFIC_STATUS)]
+    words = ", ".join(f"{name} {(state or {}).get('status', '?')} ({(state or {}).get('mode', '?')}, "
+                      f"{(state or {}).get('scur', '?')} in flight)" for name, state in sorted(servers.items()))
+    if taking:
+        return True, (f"the front door {lb} still sends it traffic ({words}): it serves, only the controller lost "
+                      "it - check the controller's path to it (SSH, its address)")
+    return False, (f"the front door {lb} sends it no traffic ({words}): its health checks took it out, and put it "
+                   "back by themselves once it answers again")
+
+
+def roll_unreachable_result(reach: Mapping[str, Any], node: str, target_id: str,
+                            front_door: Optional[Mapping[str, Any]] = None,
+                            lost_members: Sequence[str] = ()) -> Dict[str, Any]:
+    """The outcome of a node that is not rolled because the controller cannot reach it, or cannot reach a member of
+    its serving group (`lost_members`, which rolls as one): nothing on it was touched; `reach` is the reachability
+    check's result, `front_door` what the front door says of its servers, `target` names the planned release. It
+    did not take the release, so the roll's policy counts it (docs/faults.md)."""
+    reach = reach or {}
+    if lost_members and node not in lost_members:
+        message = (f"{node}: not rolled: its serving group rolls as one, and the controller cannot reach "
+                   f"{', '.join(lost_members)}; left as it was, nothing on it changed")
+        return {"node": node, "target": target_id, "took_release": False, "serving": True, "unreachable": False,
+                "message": message}
+    why = " ".join(str(reach.get("msg") or "no answer").split())
+    if len(why) > 300:
+        why = why[:297] + "..."
+    serving, view = _front_door_view(front_door)
+    message = (f"{node}: unreachable from the controller ({why}): not rolled to {target_id}, nothing on it "
+               f"changed; {view}")
+    return {"node": node, "target": target_id, "took_release": False, "serving": serving, "unreachable": True,
+            "message": message}
 
 
 def roll_policy(results: Sequence[Mapping[str, Any]], hosts: Sequence[str], max_fail_percent: Any) -> Dict[str, Any]:

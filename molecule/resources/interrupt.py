@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Run a command - an ansible-playbook - and interrupt it the way a controller dies (issue 17 §4).
+"""Run a command - an ansible-playbook - and interrupt it the way a controller dies, or break something under it
+(issue 17 §4).
 
 The signal goes to the command's whole process group, as a terminal sends an operator's Ctrl-C (`--signal INT`)
 and as a killed controller loses every process at once (`--signal KILL`: the playbook and its forks, and with them
@@ -7,12 +8,15 @@ the SSH sessions they hold; what already runs on a host goes on there). It is se
 a regular expression found in a URL's body (`--url`/`--regex`: the front door's Prometheus exporter says a server's
 state; it lists every state of a server, with 1 for the one it is in and 0 for the others, so the regex names the
 value) or a command that succeeds (`--until-cmd`, run through the shell: a file or a unit on a lab host). The
-command's output goes to `--log`. Prints one JSON object: {signal, condition, seconds (from the start to the signal), rc (the
-command's exit status; -9 for SIGKILL), ended_first, timed_out}.
+command's output goes to `--log`. With `--signal NONE` nothing is sent: `--then-cmd` runs through the shell when
+the condition holds (a fault under the run: a lab host's link cut) and the command runs to its end. Prints one JSON
+object: {signal, condition, seconds (from the start to the signal or the fault), rc (the command's exit status; -9
+for SIGKILL), then_rc (the fault command's, or null), ended_first, timed_out}.
 
-Exit status: 0 the command was interrupted as asked; 3 it ended before the condition held (nothing was
-interrupted: the check that uses this would prove nothing); 4 the condition did not hold within `--timeout` (the
-command is killed); 5 after SIGINT it did not end within `--grace` seconds (then it is killed).
+Exit status: 0 the command was interrupted (or the fault made) as asked; 3 it ended before the condition held
+(nothing was interrupted: the check that uses this would prove nothing); 4 the condition did not hold within
+`--timeout`, or the command did not end within it (the command is killed); 5 after SIGINT it did not end within
+`--grace` seconds (then it is killed); 6 the fault command failed (the command still runs to its end).
 
     interrupt.py --signal INT --url http://10.213.0.14:8405/metrics --regex 'server="node2-vllm-0",state="MAINT"} 1$' \\
         --log run.log -- ansible-playbook -i inventory rolling.yml
@@ -30,7 +34,7 @@ import time
 import urllib.request
 from typing import List, Optional
 
-SIGNALS = {"INT": signal.SIGINT, "KILL": signal.SIGKILL}
+SIGNALS = {"INT": signal.SIGINT, "KILL": signal.SIGKILL, "NONE": None}
 
 
 def url_matches(url: str, pattern: "re.Pattern[str]") -> bool:
@@ -42,12 +46,17 @@ def url_matches(url: str, pattern: "re.Pattern[str]") -> bool:
         return False
 
 
-def command_succeeds(command: str) -> bool:
+def command_status(command: str) -> int:
+    """The shell command's exit status; 124 when it ran past 20 s."""
     try:
         return subprocess.run(command, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,  # noqa: S602
-                              timeout=20, check=False).returncode == 0
+                              timeout=20, check=False).returncode
     except subprocess.TimeoutExpired:
-        return False
+        return 124
+
+
+def command_succeeds(command: str) -> bool:
+    return command_status(command) == 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -59,6 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the condition")
     parser.add_argument("--grace", type=float, default=120, help="seconds the command may take to end after SIGINT")
+    parser.add_argument("--then-cmd", help="with --signal NONE: the shell command run when the condition holds")
     parser.add_argument("--log", required=True, help="where the command's stdout and stderr go")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = parser.parse_args(argv)
@@ -67,6 +77,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("no command after --")
     if bool(args.url) != bool(args.regex) or bool(args.url) == bool(args.until_cmd):
         parser.error("give either --url with --regex, or --until-cmd")
+    if (args.signal == "NONE") != bool(args.then_cmd):
+        parser.error("--then-cmd goes with --signal NONE, and only with it")
     if args.url:
         pattern = re.compile(args.regex, re.MULTILINE)
         condition, holds = f"{args.url} matches {args.regex}", lambda: url_matches(args.url, pattern)
@@ -74,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         condition, holds = f"`{args.until_cmd}` succeeds", lambda: command_succeeds(args.until_cmd)
 
     started = time.monotonic()
-    result = {"signal": args.signal, "condition": condition, "seconds": None, "rc": None,
+    result = {"signal": args.signal, "condition": condition, "seconds": None, "rc": None, "then_rc": None,
               "ended_first": False, "timed_out": False}
     status = 0
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
@@ -87,6 +99,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             time.sleep(args.interval)
         if process.poll() is not None:
             result["ended_first"], status = True, 3
+        elif status == 0 and args.signal == "NONE":
+            result["seconds"] = round(time.monotonic() - started, 1)
+            result["then_rc"] = command_status(args.then_cmd)
+            status = 0 if result["then_rc"] == 0 else 6
+            try:
+                process.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                result["timed_out"], status = True, 4
         else:
             result["seconds"] = round(time.monotonic() - started, 1)
             os.killpg(process.pid, signal.SIGKILL if status == 4 else SIGNALS[args.signal])

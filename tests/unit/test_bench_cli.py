@@ -82,11 +82,12 @@ def recomputed(records, level, time_scale=1.0):
 
 def test_short_levels_against_the_twin_pass_and_recompute_from_the_raw_records(twin, tmp_path):
     out = tmp_path / "run"
-    # a generous client bound: this 2-core machine also runs the twin (and maybe Molecule); the bound's own rule is
-    # the next test's subject
+    # a generous client bound and SLO: this 2-core machine also runs the twin and Molecule's scenarios (make test runs
+    # the unit tests beside them), and at time scale 0.01 a 50 ms stall of the twin is 5 simulated seconds (level 4
+    # saw a P95 of 6-10 s there, ~3 s alone); the bound's and the SLO's own rules are the next test's subject
     # the twin runs at 0.01 (its /version says so): latencies and the SLO are simulated seconds, 100x the wall ones
     done = bench("--url", f"http://127.0.0.1:{twin.port}", "--model", MODEL, "--concurrency", "2,4", "--duration",
-                 "2", "--warmup", "0.3", "--max-tokens", "32", "--slo-e2e-p95", "10", "--min-achieved", "0.8",
+                 "2", "--warmup", "0.3", "--max-tokens", "32", "--slo-e2e-p95", "40", "--min-achieved", "0.8",
                  "--max-lag-p99-ms", "500", "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -112,7 +113,7 @@ def test_short_levels_against_the_twin_pass_and_recompute_from_the_raw_records(t
             assert again[metric]["p95"] == pytest.approx(stats[metric]["p95"]), metric
         assert again["achieved_concurrency"] == pytest.approx(stats["achieved_concurrency"])
         assert stats["completed"] >= summary["slo"]["min_completions"] == 59
-        assert stats["e2e_p95_bounds"]["upper"] <= 10 and stats["output_tokens_mean"] == 32
+        assert stats["e2e_p95_bounds"]["upper"] <= 40 and stats["output_tokens_mean"] == 32
         assert stats["usage_vs_stream"]["mismatched"] == 0
         assert float(row["e2e_p95_s"]) == pytest.approx(stats["e2e_s"]["p95"]) and row["verdict"] == "PASS"
     provenance = summary["provenance"]

@@ -15,6 +15,7 @@ from ansible.module_utils.revive_handover import (
     handover_state,
     restored_release,
     roll_node_result,
+    roll_unreachable_result,
     roll_order,
     roll_policy,
     roll_batch_check,
@@ -392,6 +393,70 @@ ROLL_NODE_RESULT = """
 def test_roll_node_result(case):
     result = roll_node_result(case["handover"], "bbbbbbbbbbbb", case.get("switch_failure"), case.get("found_out"))
     assert result == dict(case["expected"], node="node1", target="bbbbbbbbbbbb")
+
+
+ROLL_UNREACHABLE = """
+- id: lost, and the front door's checks took it out
+  reach: {unreachable: true, msg: "Failed to connect to the host via ssh: ssh: connect to host 10.0.0.2 port 22:\\n No
+    route to host"}
+  front_door: {front_door: lb1, servers: {node2-vllm-1: {mode: ready, status: DOWN, scur: 0},
+                                         node2-vllm-0: {mode: ready, status: "DOWN", scur: 2}}}
+  expected: {serving: false, unreachable: true,
+             message: "node2: unreachable from the controller (Failed to connect to the host via ssh: ssh: connect to
+               host 10.0.0.2 port 22: No route to host): not rolled to the planned release (vLLM 0.8.5), nothing on it
+               changed; the front door lb1 sends it no traffic (node2-vllm-0 DOWN (ready, 2 in flight), node2-vllm-1
+               DOWN (ready, 0 in flight)): its health checks took it out, and put it back by themselves once it
+               answers again"}
+- id: lost to the controller only - the front door still sends it traffic
+  reach: {unreachable: true, msg: "Connection timed out during banner exchange"}
+  front_door: {front_door: lb1, servers: {node2-vllm-0: {mode: ready, status: "UP 2/3", scur: 1},
+                                         node2-vllm-1: {mode: drain, status: DRAIN, scur: 0}}}
+  expected: {serving: true, unreachable: true,
+             message: "node2: unreachable from the controller (Connection timed out during banner exchange): not rolled
+               to the planned release (vLLM 0.8.5), nothing on it changed; the front door lb1 still sends it traffic
+               (node2-vllm-0 UP 2/3 (ready, 1 in flight), node2-vllm-1 DRAIN (drain, 0 in flight)): it serves, only the
+               controller lost it - check the controller's path to it (SSH, its address)"}
+- id: the front door could not be read
+  reach: {unreachable: true}
+  front_door: {front_door: lb1, servers: null}
+  expected: {serving: null, unreachable: true,
+             message: "node2: unreachable from the controller (no answer): not rolled to the planned release (vLLM
+               0.8.5), nothing on it changed; the front door lb1 could not say (its servers were not read)"}
+- id: no front door
+  reach: {unreachable: true, msg: x}
+  front_door: {front_door: "", servers: null}
+  expected: {serving: null, unreachable: true,
+             message: "node2: unreachable from the controller (x): not rolled to the planned release (vLLM 0.8.5),
+               nothing on it changed; no front door (the inventory has no lb host)"}
+- id: a member of a serving group whose other member is lost
+  reach: {ping: pong}
+  lost_members: [node3]
+  expected: {serving: true, unreachable: false,
+             message: "node2: not rolled: its serving group rolls as one, and the controller cannot reach node3; left
+               as it was, nothing on it changed"}
+"""
+
+
+@pytest.mark.parametrize("case", cases(ROLL_UNREACHABLE))
+def test_roll_unreachable_result(case):
+    result = roll_unreachable_result(case["reach"], "node2", "the planned release (vLLM 0.8.5)",
+                                     case.get("front_door"), case.get("lost_members", ["node2"]))
+    assert result == dict(case["expected"], node="node2", target="the planned release (vLLM 0.8.5)",
+                          took_release=False)
+
+
+def test_a_long_ssh_error_is_cut_to_300_characters():
+    message = roll_unreachable_result({"msg": "e" * 1000}, "node2", "r")["message"]
+    assert ("(" + "e" * 297 + "...)") in message and "e" * 298 not in message
+
+
+def test_an_unreachable_node_counts_against_the_roll_policy():
+    lost = roll_unreachable_result({"unreachable": True, "msg": "No route to host"}, "node2", "r",
+                                   {"front_door": "lb1", "servers": {"node2-vllm-0": {"mode": "ready",
+                                                                                       "status": "DOWN", "scur": 0}}})
+    policy = roll_policy([{"node": "node1", "took_release": True}, lost], ["node1", "node2", "node3"], 0)
+    assert policy["stop"] and "node2: unreachable from the controller (No route to host)" in policy["message"]
+    assert policy["message"].endswith("Not rolled (still on their release, in the front door): node3.")
 
 
 ROLL_POLICY = """

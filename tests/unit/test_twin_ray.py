@@ -125,6 +125,14 @@ def short_temp_dir() -> Path:
 
 # --- the cluster --------------------------------------------------------------------------------------------------
 
+def worker_ports(index: int) -> List[str]:
+    """A range of worker ports of its own for each node: both raylets run on this machine, and with Ray's one
+    default range (10002-19999) each picked ports the other's workers held ("Failed to start the grpc server.
+    The specified port is 10014", seen in a unit run). Lab nodes are separate machines and keep the default."""
+    low = 20000 + 1000 * index
+    return ["--min-worker-port", str(low), "--max-worker-port", str(low + 999)]
+
+
 @dataclass
 class RayNode:
     name: str
@@ -172,11 +180,12 @@ class Cluster:
     def start_head(self) -> None:
         # only the head takes --temp-dir: the other nodes on the machine use the head's
         self._start("head", self.head_ip, ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
+                                           *worker_ports(0),
                                            "--include-dashboard=false", "--dashboard-port", str(free_port()),
                                            "--ray-client-server-port", str(free_port())])
 
     def start_worker(self) -> None:
-        self._start("worker", WORKER_IP, ["--address", self.address])
+        self._start("worker", WORKER_IP, ["--address", self.address, *worker_ports(1)])
         # Ray keeps one node address per machine in its session (node_ip_address.json), which a driver started here
         # attaches by; the second node's start overwrote it. Lab nodes are separate machines: restore the head's,
         # so the twin attaches to the head's raylet as it does on the lab's head (ray 2.34

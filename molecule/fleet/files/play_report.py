@@ -48,6 +48,10 @@ def main(argv=None):
     if not command:
         parser.error("no command after --")
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    # The JSON callback must be stdout's only writer: a callback the caller enabled (profile_tasks, timer) prints
+    # its lines into the same stream and the report no longer parses.
+    for name in ("ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_CALLBACK_WHITELIST"):
+        env.pop(name, None)
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
     os.makedirs(os.path.dirname(os.path.abspath(args.full)), exist_ok=True)
     with open(args.full, "w", encoding="utf-8") as out:
