@@ -1,9 +1,10 @@
 """Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels, the lab's
-time-scaled rules, a serving group's Ray cluster and a node's firewall: thin wiring over
+time-scaled rules, a serving group's Ray cluster, a node's firewall and serving address: thin wiring over
 module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py,
 revive_bench/invocation.py, revive_slo_gate.py, revive_rule_scale.py, revive_cluster.py, revive_serving_group.py,
-revive_ray_unit.py and revive_firewall.py, where the decisions live and are unit-tested (tests/unit/test_handover.py,
-test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py, test_ray_unit.py, test_firewall.py).
+revive_ray_unit.py, revive_firewall.py and revive_serve_address.py, where the decisions live and are unit-tested
+(tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py,
+test_ray_unit.py, test_firewall.py, test_serve_address.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -40,6 +41,7 @@ from ansible.module_utils.revive_lockfile import locked_wheel_files  # noqa: E40
 from ansible.module_utils.revive_slo_gate import gate_concurrency  # noqa: E402
 from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
 from ansible.module_utils.revive_rule_scale import scale_rule_files  # noqa: E402
+from ansible.module_utils.revive_serve_address import reach_addresses, replica_host, replica_url  # noqa: E402
 
 
 def ray_unit(release, venv, temp_dir, ports, environment, dashboard=False):
@@ -50,6 +52,16 @@ def ray_unit(release, venv, temp_dir, ports, environment, dashboard=False):
         return build(release, venv, temp_dir, ports, environment, dashboard)
     except RayUnitError as exc:
         raise AnsibleFilterError(str(exc)) from None
+
+
+def serve_address(facts, ansible_host="", explicit="", node=""):
+    """{address, error} the node's replicas bind (module_utils/revive_serve_address.py): the role asserts that error
+    is "" before anything changes, so the refusal reads as the module's message, not as a template error."""
+    from ansible.module_utils.revive_serve_address import ServeAddressError, serve_address as choose
+    try:
+        return {"address": choose(facts or {}, ansible_host, explicit, node), "error": ""}
+    except ServeAddressError as exc:
+        return {"address": "", "error": str(exc)}
 
 
 def node_firewall_guard(release, frontdoors, monitors, allow, ray_ports, ssh_port=22):
@@ -102,6 +114,10 @@ class FilterModule:
             "roll_unreachable_result": roll_unreachable_result,
             "roll_summary": roll_summary,
             "served_model_name": served_model_name,
+            "serve_address": serve_address,
+            "serve_reach_addresses": reach_addresses,
+            "replica_host": replica_host,
+            "replica_url": replica_url,
             "slo_gate_concurrency": gate_concurrency,
             "time_scaled_rules": time_scaled_rules,
             "units_to_quote": units_to_quote,

@@ -52,9 +52,10 @@ options:
     type: path
     default: /var/lib/revive/releases.json
   host:
-    description: Address the replicas listen on, seen from the node.
+    description: Address the replicas listen on, seen from the node; empty - each replica's own, the C(--host) its
+      argv in the record binds (loopback for C(0.0.0.0)).
     type: str
-    default: 127.0.0.1
+    default: ""
   duration:
     description: Seconds of load that count, after O(warmup).
     type: float
@@ -196,7 +197,7 @@ def main() -> None:
             "prompts_source": {"type": "str", "default": "bundled"},
             "prompt_tokens": {"type": "int", "default": 256},
             "record_path": {"type": "path", "default": "/var/lib/revive/releases.json"},
-            "host": {"type": "str", "default": "127.0.0.1"},
+            "host": {"type": "str", "default": ""},
             "duration": {"type": "float", "default": 60},
             "warmup": {"type": "float", "default": 5},
             "max_tokens": {"type": "int", "default": 200},

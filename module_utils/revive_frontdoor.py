@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible.module_utils.revive_serve_address import node_reach_address
+
 DEFAULT_MAX_NUM_SEQS = 256   # vLLM's default --max-num-seqs (0.5.4 to 0.10)
 
 
@@ -77,14 +79,15 @@ def backend_servers(nodes: Sequence[Mapping[str, Any]], server_maxconn: Any = 0)
 
 def frontdoor_servers(node_names: Sequence[str], hostvars: Mapping[str, Any], server_maxconn: Any = 0
                       ) -> List[Dict[str, Any]]:
-    """The filter: backend_servers() from the GPU nodes' host variables (ansible_host, the facts revive_release
+    """The filter: backend_servers() from the GPU nodes' host variables (the address the replicas listen on, from
+    module_utils/revive_serve_address.py: the release's --host, else ansible_host; the facts revive_release
     and, from /etc/ansible/facts.d, revive_frontdoor). Ansible keeps local facts under `ansible_local` even inside
     `ansible_facts`, where it strips the prefix from every other fact (ansible-core's setup module)."""
     nodes = []
     for name in node_names:
         host = hostvars[name]
         facts = host.get("ansible_facts") or {}
-        nodes.append({"name": name, "address": host.get("ansible_host") or name,
+        nodes.append({"name": name, "address": node_reach_address(host, name),
                       "release": facts.get("revive_release") or {},
                       "applied": (facts.get("ansible_local") or {}).get("revive_frontdoor")})
     return backend_servers(nodes, server_maxconn)

@@ -247,15 +247,17 @@ def _port(value: Any) -> Optional[Tuple[str, str]]:
     return f"is {value}, not a TCP port", "set a port from 1 to 65535"
 
 
-def _ip_or_empty(value: Any) -> Optional[Tuple[str, str]]:
-    import ipaddress
-    try:
-        if value != "":
-            ipaddress.ip_address(str(value))
-        return None
-    except ValueError:
-        return (f"is {value!r}, not an IP address", "set the IP the serving group's nodes reach this node at, or "
-                "\"\" to take it from the node's facts")
+def _ip_or_empty(fix: str) -> Callable[[Any], Optional[Tuple[str, str]]]:
+    """An IP address, or "" for the one the node's facts give."""
+    def check(value: Any) -> Optional[Tuple[str, str]]:
+        import ipaddress
+        try:
+            if value != "":
+                ipaddress.ip_address(str(value))
+            return None
+        except ValueError:
+            return (f"is {value!r}, not an IP address", fix + ", or \"\" to take it from the node's facts")
+    return check
 
 
 def _link(value: Any) -> Optional[Tuple[str, str]]:
@@ -283,7 +285,9 @@ VALUE_RULES: Dict[str, Callable[[Any], Optional[Tuple[str, str]]]] = {
     "revive_serving_group": _group_name,
     "revive_node_link_gbit": _link,
     "revive_ray_port": _port,
-    "revive_cluster_address": _ip_or_empty,
+    "revive_cluster_address": _ip_or_empty("set the IP the serving group's nodes reach this node at"),
+    "revive_serve_address": _ip_or_empty("set the IP the node's replicas listen on (one of its own), 0.0.0.0 for "
+                                         "every interface"),
 }
 
 

@@ -5,7 +5,8 @@ like a failed warm-up (roles/handover).
 Issue 13's "SLO gate at hand-over": the warm-up proves that every replica answers and that its latency settled;
 it does not prove that the node holds the SLO under its planned load (docs/field-report.md: P95 end-to-end <= 12 s
 at the production limit). The gate runs one closed-loop level of `revive bench` (module_utils/revive_bench) against
-the node's own replicas on loopback, never through the front door (its servers are still in maintenance), with:
+the node's own replicas on the addresses they listen on (module_utils/revive_serve_address.py), never through the
+front door (its servers are still in maintenance), with:
 
 - concurrency: per replica what the front door's server will allow (module_utils/revive_frontdoor.py: a limit the
   bench applied, else frontdoor_server_maxconn, else the plan's streams, never above --max-num-seqs), or the
@@ -40,6 +41,7 @@ from ansible.module_utils.revive_bench.review import review
 from ansible.module_utils.revive_bench.run import Options, run_sync
 from ansible.module_utils.revive_bench.stats import min_completions
 from ansible.module_utils.revive_bench.verdict import INCONCLUSIVE, INVALID, PASS, Bounds
+from ansible.module_utils.revive_serve_address import replica_host
 
 KINDS = ("completions", "chat")
 SAMPLER_GRACE_S = 30.0     # the sampler's own deadline beyond the level: it normally stops at the stop file
@@ -82,7 +84,7 @@ class GateSpec:
     prompts: bytes                         # a prompt file's bytes (module_utils/revive_bench/prompts.py)
     prompts_source: str = "bundled"
     record_path: str = "/var/lib/revive/releases.json"
-    host: str = "127.0.0.1"
+    host: str = ""                          # "": each replica's own address (the --host its argv binds)
     duration_s: float = 60.0
     warmup_s: float = 5.0
     max_tokens: int = 200
@@ -154,12 +156,12 @@ def _watched(spec: GateSpec) -> Dict[str, Any]:
 
 
 def options(spec: GateSpec, watch: Dict[str, Any]) -> Options:
-    """The bench's options: one closed-loop level, the node's replicas on loopback."""
+    """The bench's options: one closed-loop level, the node's replicas on the addresses they listen on."""
     try:
         prompt_set = parse(spec.prompts, spec.prompts_source, spec.prompt_tokens)
     except PromptError as exc:
         raise GateError(f"the SLO gate's prompts: {exc}") from None
-    targets = [Target("http", spec.host, replica["port"]) for replica in watch["replicas"]]
+    targets = [Target("http", spec.host or replica_host(replica), replica["port"]) for replica in watch["replicas"]]
     total = sum(spec.concurrency[replica["name"]] for replica in watch["replicas"])
     per = ", ".join(f"{r['name']} {spec.concurrency[r['name']]}" for r in watch["replicas"])
     return Options(

@@ -28,7 +28,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--duration", type=positive, default=3600.0, help="stop after this long (default 3600)")
     parser.add_argument("--stop-file", help="stop when this file exists")
     parser.add_argument("--node", default=socket.gethostname(), help="this node's inventory name")
-    parser.add_argument("--host", default="127.0.0.1", help="address of the replicas' /health and /metrics")
+    parser.add_argument("--host", default="", help="address of the replicas' /health and /metrics (default: each "
+                        "replica's own, the --host its argv in the record binds)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

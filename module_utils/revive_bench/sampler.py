@@ -32,6 +32,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from ansible.module_utils.revive_serve_address import replica_host, url_host
+
 UNIT_PROPERTIES = ("Id", "NRestarts", "ActiveState", "SubState", "MainPID")
 OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError|oom-kill|Killed process", re.IGNORECASE)
 COUNTER_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*_total)(\{[^}]*\})?\s+([^\s]+)")
@@ -60,7 +62,9 @@ def load_replicas(record_path: str) -> Dict[str, Any]:
         replicas.append({"name": replica["name"], "unit": replica["unit"], "port": int(replica["port"]),
                          "gpus": [str(g) for g in replica.get("gpus") or []],
                          "tensor_parallel_size": replica.get("tensor_parallel_size"),
-                         "argv": [str(word) for word in replica.get("argv") or []]})
+                         "argv": [str(word) for word in replica.get("argv") or []],
+                         # Where the node reaches it: the address its argv binds (--host).
+                         "host": replica_host(replica)})
     return {"release_id": current.get("id"), "vllm_version": current.get("vllm_version"),
             "simulated": bool(current.get("simulated")), "argv": current.get("args"),
             "model": current.get("model"), "replicas": replicas}
@@ -117,7 +121,8 @@ def oom_lines(journal_json_lines: Iterable[str]) -> List[Dict[str, Any]]:
 class Probes:
     """The node-facing reads; tests replace them."""
 
-    def __init__(self, host: str = "127.0.0.1", timeout: float = 2.0):
+    def __init__(self, host: str = "", timeout: float = 2.0):
+        # "": each replica's own address (load_replicas: the --host its argv binds); else this one for all.
         self.host = host
         self.timeout = timeout
         self.nvml = None
@@ -128,8 +133,8 @@ class Probes:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         return parse_systemctl_show(done.stdout)
 
-    def http(self, port: int, path: str) -> Dict[str, Any]:
-        url = f"http://{self.host}:{port}{path}"
+    def http(self, port: int, path: str, host: str = "127.0.0.1") -> Dict[str, Any]:
+        url = f"http://{url_host(self.host or host)}:{port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as answer:  # noqa: S310 (loopback, our own)
                 return {"status": answer.status, "body": answer.read().decode("utf-8", "replace")}
@@ -179,8 +184,8 @@ def sample(watch: Dict[str, Any], probes: Probes, now: Callable[[], float] = tim
     units = probes.units([r["unit"] for r in watch["replicas"]])
     replicas = {}
     for replica in watch["replicas"]:
-        health = probes.http(replica["port"], "/health")
-        metrics = probes.http(replica["port"], "/metrics")
+        health = probes.http(replica["port"], "/health", replica["host"])
+        metrics = probes.http(replica["port"], "/metrics", replica["host"])
         replicas[replica["name"]] = dict(units.get(replica["unit"]) or {}, health=health["status"],
                                          counters=parse_counters(metrics["body"]) if metrics["status"] == 200
                                          else None)

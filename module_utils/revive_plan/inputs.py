@@ -8,6 +8,8 @@ PlanRefusal instead: that node cannot run it, another may (the preflight quarant
 """
 from __future__ import annotations
 
+import ipaddress
+
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -182,8 +184,11 @@ class Serve:
 
     def __post_init__(self) -> None:
         check_bounds("serve", self)
-        if not isinstance(self.host, str) or not self.host.strip():
-            raise PlanInputError("serve.host", self.host, "an address to bind", "set an address, e.g. 0.0.0.0")
+        try:
+            ipaddress.ip_address(self.host if isinstance(self.host, str) else "")
+        except ValueError:
+            raise PlanInputError("serve.host", self.host, "an IP address to bind (vLLM's --host)",
+                                 "set one of the node's addresses, or 0.0.0.0 for every interface") from None
 
 
 @dataclass

@@ -112,3 +112,9 @@ def haproxy_servers(host, backend: str = "vllm") -> dict:
     lines = [line for line in haproxy_runtime(host, f"show stat {backend} 4 -1").splitlines() if line.strip()]
     header = lines[0].lstrip("# ").split(",")
     return {row["svname"]: row for row in (dict(zip(header, line.split(","))) for line in lines[1:])}
+
+
+def serve_url(name: str, port: int) -> str:
+    """A replica's base URL on lab host `name`: replicas listen on the node's serving address, which in the lab is
+    its own address (module_utils/revive_serve_address.py), not on loopback."""
+    return f"http://{lab_host(name)['address']}:{port}"

@@ -66,7 +66,12 @@ def test_the_record_names_what_to_watch_and_a_missing_one_is_a_clear_error(tmp_p
     # the argv is what a limit the bench applies is tied to (invocation.bench_limit_fact)
     assert watch["replicas"] == [{"name": "node1-vllm-0", "unit": "node1-vllm-0.service", "port": 8000,
                                   "gpus": ["0", "1"], "tensor_parallel_size": None,
-                                  "argv": ["/v/bin/python", "-m", "x", "--port", "8000"]}]
+                                  "argv": ["/v/bin/python", "-m", "x", "--port", "8000"],
+                                  # no --host: vLLM binds every interface, reached at loopback
+                                  "host": "127.0.0.1"}]
+    record.write_text(json.dumps({"current": {"id": "r2", "replicas": [
+        {"name": "vllm-0", "unit": "vllm-0.service", "port": 8000, "argv": ["/p", "--host", "10.0.3.11"]}]}}))
+    assert sampler.load_replicas(str(record))["replicas"][0]["host"] == "10.0.3.11"
     with pytest.raises(sampler.SampleError, match="provision the node"):
         sampler.load_replicas(str(tmp_path / "missing.json"))
     record.write_text(json.dumps({"current": None}))
@@ -90,7 +95,7 @@ class FakeProbes(sampler.Probes):
         return {units[0]: {"n_restarts": 1 if restarted else 0, "active": "active", "sub": "running",
                            "main_pid": 200 if restarted else 100}}
 
-    def http(self, port, path):
+    def http(self, port, path, host="127.0.0.1"):
         if path == "/health":
             return {"status": None if self.calls == 3 else 200, "body": ""}
         return {"status": 200, "body": f"vllm:request_success_total {self.calls * 5 if self.calls < 3 else 1}\n"}

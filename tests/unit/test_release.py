@@ -50,7 +50,8 @@ def _plan_json(tmp_root: str, simulated: bool) -> str:
     facts["simulated"] = simulated
     plan = plan_release(facts, model, load_release_file("data/vllm-releases.yml"),
                         overrides=Overrides(tensor_parallel_size=4),
-                        serve=Serve(model_path="/data/models/tiny-chat/rev1", served_model_name="tiny-chat"),
+                        serve=Serve(model_path="/data/models/tiny-chat/rev1", served_model_name="tiny-chat",
+                                    host="10.0.3.11"),
                         host_ram_bytes=lab_ram_bytes("v100-pcie-8x"))
     return json.dumps(plan)
 

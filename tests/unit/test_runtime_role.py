@@ -21,6 +21,8 @@ SPEC_TASK = "Work out the venv's pins and name; check the interpreter against th
 
 ASK_TASK = "Ask whether the release venv must be built (a kept venv needs no wheels)"
 COPY_TASK = "Copy this node's locked wheels from the controller (fleet cache or wheelhouse)"
+# The copy includes _common's wheels_to_node: one tar per node, unpacked on it.
+UNPACK_TASK = "Unpack them into the node's wheelhouse"
 
 def run_role(repo, tmp_path, release: dict, *flags: str, **role_vars) -> tuple:
     (tmp_path / "release.json").write_text(json.dumps(release))
@@ -96,7 +98,7 @@ def test_the_role_builds_the_release_venv_and_keeps_it(repo, tmp_path, release_w
     assert venv["path"] == f"{tmp_path}/venvs/{spec['name']}" and spec["name"].startswith("0.5.4-")
     assert (venv["python"], venv["vllm_version"], venv["changed"]) == (f"{venv['path']}/bin/python", "0.5.4+sim", True)
     built = tasks["Build the release venv"]
-    assert tasks[ASK_TASK]["changed"] is True and tasks[COPY_TASK]["changed"] is True
+    assert tasks[ASK_TASK]["changed"] is True and tasks[UNPACK_TASK]["changed"] is True
     assert built["distributions"]["vllm"] == "0.5.4+sim" and "vllm-flash-attn" not in built["distributions"]
     assert os.path.realpath(f"{venv['path']}/bin/python") == os.path.realpath(sys.executable)
 
@@ -182,7 +184,7 @@ def test_the_fleet_cache_downloads_each_wheel_once_and_the_node_installs_from_it
     assert "fleet cache" in json.dumps(tasks["Show the download's progress"])
     assert len([r for r in fake_index.file_requests() if r["path"].endswith(".whl")]) == 2
     built = tasks["Build the release venv"]
-    assert tasks[ASK_TASK]["changed"] is True and tasks[COPY_TASK]["changed"] is True
+    assert tasks[ASK_TASK]["changed"] is True and tasks[UNPACK_TASK]["changed"] is True
     assert built["distributions"]["vllm"] == "0.5.4+sim"
     assert "--find-links" in built["pip_argv"] and str(node) in built["pip_argv"]
 

@@ -79,7 +79,8 @@ def test_the_unit_runs_the_plans_argv_with_its_environment_pinning_and_limits(re
                      "ProtectSystem=strict", "DevicePolicy=closed", "DeviceAllow=char-nvidia-frontend rw",
                      "DeviceAllow=char-nvidia-uvm rw", "UMask=0077"):
         assert expected in lines, expected
-    assert (f"ExecStartPost={real_release['python']} -I /usr/local/libexec/revive/vllm-wait-healthy --port 8001 "
+    assert (f"ExecStartPost={real_release['python']} -I /usr/local/libexec/revive/vllm-wait-healthy "
+            f"--host 10.0.3.11 --port 8001 "
             f"--deadline {replica['health_deadline_seconds']} --pid ${{MAINPID}}") in lines
     assert not any(line.startswith("ReadWritePaths=") for line in lines)
     assert "VLLM_API_KEY" not in text
@@ -88,8 +89,8 @@ def test_the_unit_runs_the_plans_argv_with_its_environment_pinning_and_limits(re
 def test_the_unit_starts_after_the_nvidia_uvm_loader_and_checks_the_node_first(repo, tmp_path, real_release):
     lines = unit_lines(render(repo, tmp_path, real_release, 0))
     unit_section = lines[lines.index("[Unit]"):lines.index("[Service]")]
-    assert "After=network.target revive-nvidia-uvm.service" in unit_section
-    assert "Wants=revive-nvidia-uvm.service" in unit_section
+    assert "After=network-online.target revive-nvidia-uvm.service" in unit_section
+    assert "Wants=network-online.target revive-nvidia-uvm.service" in unit_section
     # Requires= would stop or restart every replica along with the loader.
     assert not any(line.startswith(("Requires=", "BindsTo=", "Requisite=")) for line in lines)
     service = lines[lines.index("[Service]"):]

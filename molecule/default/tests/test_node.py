@@ -3,7 +3,7 @@ by key only, whose NVML (the lab's fake driver, read by unmodified pynvml) repor
 whose replicas serve warmed up with no front door."""
 import json
 
-from lab_testinfra import lab_host, lab_hosts, nvml_view, profile_as_nvml_view
+from lab_testinfra import lab_host, lab_hosts, nvml_view, profile_as_nvml_view, serve_url
 
 testinfra_hosts = lab_hosts("gpu_nodes")
 
@@ -40,7 +40,8 @@ def test_with_no_front_door_every_replica_of_the_current_release_runs_warmed_up_
         entry = report["replicas"][replica["name"]]
         assert entry["passed"] and entry["release"]["id"] == record["current"]["id"], entry["message"]
         assert host.service(replica["unit"]).is_running
-        health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{replica['port']}/health")
+        health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' "
+                          f"{serve_url(host.backend.host.name, replica['port'])}/health")
         assert health.stdout == "200", health.stderr
     assert not host.service("haproxy").is_running
 

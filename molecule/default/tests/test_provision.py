@@ -8,7 +8,7 @@ import os
 import shlex
 
 import pytest
-from lab_testinfra import connect_verified, lab_hosts
+from lab_testinfra import connect_verified, lab_host, lab_hosts, serve_url
 
 testinfra_hosts = lab_hosts("gpu_nodes")
 SSH_CONFIG = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "lab", "ssh_config")
@@ -76,9 +76,16 @@ def test_each_replica_has_the_plans_environment_and_port(host, plan):
                        host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines() if "=" in line)
         for name, value in replica["env"].items():
             assert environ.get(name) == value, name
-        assert host.socket(f"tcp://0.0.0.0:{replica['port']}").is_listening
+        # Issue 17 §2: bound to the node's serving address (its lab address), not to every interface.
+        address = lab_host(host.backend.host.name)["address"]
+        assert replica["args"][replica["args"].index("--host") + 1] == address
+        assert host.socket(f"tcp://{address}:{replica['port']}").is_listening
+        assert not host.socket(f"tcp://0.0.0.0:{replica['port']}").is_listening
         assert host.check_output(f"python3 -c \"import urllib.request as u; "
-                                 f"print(u.urlopen('http://127.0.0.1:{replica['port']}/health').status)\"") == "200"
+                                 f"print(u.urlopen('{serve_url(host.backend.host.name, replica['port'])}"
+                                 "/health').status)\"") == "200"
+        loopback = host.run(f"curl -sS -o /dev/null --max-time 5 http://127.0.0.1:{replica['port']}/health")
+        assert loopback.rc == 7, (loopback.rc, loopback.stderr)  # curl 7: connection refused
 
 
 def test_the_venv_holds_the_pins_without_flash_attention(host, record):
@@ -125,7 +132,7 @@ def test_the_env_file_is_root_only_and_holds_the_key(host):
 def test_the_api_key_is_needed_and_never_visible(host, plan):
     port = plan["replicas"][0]["port"]
     probe = ("import urllib.request as u, urllib.error as e\n"
-             f"r = u.Request('http://127.0.0.1:{port}/v1/models')\n"
+             f"r = u.Request('{serve_url(host.backend.host.name, port)}/v1/models')\n"
              "try:\n    print(u.urlopen(r).status)\nexcept e.HTTPError as x:\n    print(x.code)\n")
     assert host.check_output(f"python3 -c {shlex.quote(probe)}") == "401"
     assert API_KEY not in host.check_output("ps -eo args")

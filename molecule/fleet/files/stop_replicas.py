@@ -6,7 +6,9 @@ running (its /metrics gauge), so a stop "while it serves" is sure to meet one: t
 processes of the unit's cgroup (what systemd's control-group kill does) within a millisecond of the gauge's answer,
 not through a systemctl round trip in which a short answer could end. Prints what it did as JSON.
 
-    stop_replicas.py [--wait-busy] UNIT:PORT [UNIT:PORT ...]
+    stop_replicas.py [--wait-busy] UNIT=BASE_URL [UNIT=BASE_URL ...]
+
+BASE_URL is where the replica listens (http://ADDRESS:PORT: replicas bind the node's serving address, not loopback).
 """
 import json
 import os
@@ -21,8 +23,8 @@ GAUGE = "vllm:num_requests_running"
 CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 
 
-def running(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+def running(base_url):
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(GAUGE))
 
@@ -55,16 +57,16 @@ def main(argv):
     wait_busy = "--wait-busy" in argv
     done = []
     for target in [a for a in argv if a != "--wait-busy"]:
-        unit, port = target.rsplit(":", 1)
+        unit, base_url = target.split("=", 1)
         cgroup = subprocess.run(["systemctl", "show", "--property=ControlGroup", "--value", unit], check=True,
                                 capture_output=True, text=True).stdout.strip()
         if not cgroup:
             raise SystemExit(f"{unit} has no cgroup: is it running?")
-        busy = running(port)
+        busy = running(base_url)
         deadline = time.monotonic() + 60
         while wait_busy and busy == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-            busy = running(port)
+            busy = running(base_url)
         pids = kill_all(cgroup)
         while subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0:
             time.sleep(0.1)

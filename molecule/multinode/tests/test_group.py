@@ -4,7 +4,7 @@ serving no API of its own, and the front door knowing only the head's server."""
 import json
 import re
 
-from lab_testinfra import lab_hosts
+from lab_testinfra import lab_hosts, serve_url
 
 testinfra_hosts = lab_hosts("gpu_nodes")
 
@@ -49,7 +49,8 @@ def test_the_head_serves_the_groups_one_replica_over_both_nodes_and_the_worker_n
     assert unit_show(host, replica["unit"], "Requires").split().count("revive-ray.service") == 1
     environment = unit_show(host, replica["unit"], "Environment")
     assert f"RAY_ADDRESS={group['ray']['address']}" in environment
-    health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{replica['port']}/health")
+    health = host.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' "
+                      f"{serve_url(host.backend.host.name, replica['port'])}/health")
     assert health.stdout == "200", health.stderr
 
 
