@@ -169,8 +169,10 @@ def run_role_check(repo, tmp_path, address: str) -> tuple:
               vars:
                 gpu_preflight_serve_address: {json.dumps(address)}
         """))
+    # A fact cache of its own: this machine's facts must not stand in for a lab host named node1 (.cache/facts).
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+               ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
                            str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=180)
@@ -187,8 +189,8 @@ def test_the_preflight_refuses_an_address_the_node_does_not_hold_before_anything
     assert result["failed"] is True
     assert result["msg"].startswith("revive_serve_address of node1 is 192.0.2.77, which node1 does not hold (its "
                                     "addresses: "), result["msg"]
-    # The role's first task: nothing else of it ran.
-    assert [n for n, _ in tasks] == ["Check the role's variables", CHECK]
+    # The role's first task: nothing else of it ran (after the facts it reads).
+    assert [n for n, _ in tasks] == ["Gathering Facts", "Check the role's variables", CHECK]
 
 
 def test_the_preflight_takes_a_wildcard_bind(repo, tmp_path):

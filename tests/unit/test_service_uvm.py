@@ -88,7 +88,7 @@ def test_systemd_analyze_verify_accepts_the_loader_with_a_replica_ordered_after_
                           capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr.strip()) == (0, "")
     replica = unit_lines((units / "vllm-0.service").read_text())
-    assert f"After=network.target {UNIT}" in replica and f"Wants={UNIT}" in replica
+    assert f"After=network-online.target {UNIT}" in replica and f"Wants=network-online.target {UNIT}" in replica
     assert f"ExecStartPre={tmp_path}/revive-nvidia-uvm check /dev/nvidia-uvm" in replica
 
 
