@@ -161,7 +161,10 @@ def test_units_stop_the_api_server_first_and_start_means_serving(host):
         assert shown == {"KillMode": "mixed", "Restart": "always", "NoNewPrivileges": "yes",
                          "ProtectSystem": "strict", "DevicePolicy": "closed", "User": "vllm", "LimitNOFILE": "65536",
                          "StartLimitBurst": "3"}
-        assert "vllm-wait-healthy --port" in host.check_output(f"systemctl show -p ExecStartPost {unit}")
+        # the health wait asks the address the replica listens on (issue 17 §2)
+        address = lab_host(host.backend.host.name)["address"]
+        assert f"vllm-wait-healthy --host {address} --port" in host.check_output(
+            f"systemctl show -p ExecStartPost {unit}")
 
 
 def test_the_record_has_release_a_current_and_the_last_failure(host, plan, record):
