@@ -125,24 +125,23 @@ def release_serve_address(release: Mapping[str, Any]) -> str:
     return "" if host is None or host in WILDCARDS else host
 
 
+def _planned_reach(host_vars: Mapping[str, Any]) -> str:
+    """The address its planned release binds (the fact revive_release), else its ansible_host, else ""."""
+    release = (host_vars.get("ansible_facts") or {}).get("revive_release") or {}
+    return release_serve_address(release) or str(host_vars.get("ansible_host") or "")
+
+
 def node_reach_address(host_vars: Mapping[str, Any], name: str) -> str:
     """Where another host (the front door, Prometheus) reaches a node's replicas, from the node's host variables:
-    the address its planned release binds (the fact revive_release), else its ansible_host, else its name.
-    Another host's exporters (bound to every interface) are reached there too."""
-    facts = host_vars.get("ansible_facts") or {}
-    release = facts.get("revive_release") or host_vars.get("revive_release") or {}
-    return release_serve_address(release) or str(host_vars.get("ansible_host") or "") or name
+    the address its planned release binds, else its ansible_host, else its name. Its exporters (bound to every
+    interface) are reached there too."""
+    return _planned_reach(host_vars) or name
 
 
 def reach_addresses(names: Sequence[str], hostvars: Mapping[str, Any]) -> Dict[str, str]:
     """{name: address or ""} for hosts to scrape: a GPU node's serving address when its release binds one, else its
     ansible_host, else "" (scraped by name)."""
-    found: Dict[str, str] = {}
-    for name in names:
-        host_vars = hostvars[name]
-        address = node_reach_address(host_vars, name)
-        found[name] = "" if address == name and not host_vars.get("ansible_host") else address
-    return found
+    return {name: _planned_reach(hostvars[name]) for name in names}
 
 
 def replica_host(replica: Mapping[str, Any]) -> str:

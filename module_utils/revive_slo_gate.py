@@ -41,7 +41,6 @@ from ansible.module_utils.revive_bench.review import review
 from ansible.module_utils.revive_bench.run import Options, run_sync
 from ansible.module_utils.revive_bench.stats import min_completions
 from ansible.module_utils.revive_bench.verdict import INCONCLUSIVE, INVALID, PASS, Bounds
-from ansible.module_utils.revive_serve_address import replica_host
 
 KINDS = ("completions", "chat")
 SAMPLER_GRACE_S = 30.0     # the sampler's own deadline beyond the level: it normally stops at the stop file
@@ -161,7 +160,7 @@ def options(spec: GateSpec, watch: Dict[str, Any]) -> Options:
         prompt_set = parse(spec.prompts, spec.prompts_source, spec.prompt_tokens)
     except PromptError as exc:
         raise GateError(f"the SLO gate's prompts: {exc}") from None
-    targets = [Target("http", spec.host or replica_host(replica), replica["port"]) for replica in watch["replicas"]]
+    targets = [Target("http", spec.host or replica["host"], replica["port"]) for replica in watch["replicas"]]
     total = sum(spec.concurrency[replica["name"]] for replica in watch["replicas"])
     per = ", ".join(f"{r['name']} {spec.concurrency[r['name']]}" for r in watch["replicas"])
     return Options(

@@ -9,7 +9,6 @@ PlanRefusal instead: that node cannot run it, another may (the preflight quarant
 from __future__ import annotations
 
 import ipaddress
-
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
 
