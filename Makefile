@@ -34,8 +34,13 @@ fakenvml:
 # The lab wheelhouse first: the unit tests install the locks a node installs from it (offline, as a node does).
 # uv installs no bytecode and PYTHONDONTWRITEBYTECODE may forbid writing it, so each of the suite's hundreds of
 # ansible-playbook/CLI processes compiled ansible from source: compiled once here (27% less time on the module tests).
-UNIT := { python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true; } && \
-	python -m pytest -q -n auto --dist loadfile --durations=15 tests/unit
+# The project's controller-side Python too (the filter plugin and the module_utils it imports, in every Ansible
+# worker process that calls a filter): a no-op site.yml on the lab, 31 -> 26 s of controller CPU (docs/performance.md).
+BYTECODE := { python -m compileall -q -j 0 $(VENV)/lib module_utils filter_plugins > /dev/null || true; }
+# Four workers on 2 cores: the suite's tests wait on the processes they start (ansible-playbook, twins, a lab node)
+# for much of their time - two workers kept the cores 133% busy (524 s), four 163% (411 s; 2141 passed, 2026-12-06).
+UNIT := $(BYTECODE) && \
+	python -m pytest -q -n 4 --dist loadfile --durations=15 tests/unit
 unit: venv fakenvml
 	@$(ACT) bin/lab wheelhouse
 	$(ACT) $(UNIT)
@@ -53,7 +58,7 @@ MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
 molecule: venv fakenvml
-	$(ACT) bin/lab wheelhouse
+	$(ACT) bin/lab wheelhouse && $(BYTECODE)
 	@$(ACT) bin/molecule-streams $(MOLECULE_STREAMS)
 
 # promtool (Debian 12: apt-get install prometheus) checks and tests the alert and recording rules (monitoring/README.md).

@@ -12,6 +12,8 @@ directories are added to that package's path first, as bin/revive_cli does for t
 """
 from __future__ import annotations
 
+import importlib
+
 import ansible.module_utils
 from ansible import constants
 
@@ -19,29 +21,48 @@ for _path in constants.DEFAULT_MODULE_UTILS_PATH:
     if _path not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_path)
 
-from ansible.module_utils.revive_handover import (  # noqa: E402
-    failure_message,
-    handover_result,
-    handover_state,
-    out_of_traffic,
-    restored_release,
-    roll_batch_check,
-    roll_node_result,
-    roll_order,
-    roll_policy,
-    roll_unreachable_result,
-    roll_summary,
-    served_model_name,
-)
-from ansible.module_utils.revive_cluster import cluster_endpoint, member_summary  # noqa: E402
-from ansible.module_utils.revive_serving_group import group_members, unfit_members  # noqa: E402
-from ansible.module_utils.revive_bench.invocation import bench_argv, bench_limit_fact, bench_outcome  # noqa: E402
-from ansible.module_utils.revive_frontdoor import frontdoor_servers, frontdoor_url  # noqa: E402
-from ansible.module_utils.revive_lockfile import locked_wheel_files  # noqa: E402
-from ansible.module_utils.revive_slo_gate import gate_concurrency  # noqa: E402
-from ansible.module_utils.revive_record.journal import units_to_quote  # noqa: E402
-from ansible.module_utils.revive_rule_scale import scale_rule_files  # noqa: E402
-from ansible.module_utils.revive_serve_address import reach_addresses, replica_host, replica_url  # noqa: E402
+
+def _lazy(module, name):
+    """The filter `name` of ansible.module_utils.`module`, imported when it is first called, not when Ansible loads
+    this file. Ansible loads every filter plugin file in each worker process that compiles a template with any
+    filter - most tasks of most hosts - so importing every decision module here cost the controller ~60 % of its
+    workers' CPU on a no-op site.yml (py-spy, docs/performance.md); a worker now imports only what it calls."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(f"ansible.module_utils.{module}"), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"ansible.module_utils.{module}.{name}, imported on first call."
+    return call
+
+
+_DECISIONS = {
+    "bench_argv": ("revive_bench.invocation", "bench_argv"),
+    "bench_limit_fact": ("revive_bench.invocation", "bench_limit_fact"),
+    "bench_outcome": ("revive_bench.invocation", "bench_outcome"),
+    "cluster_endpoint": ("revive_cluster", "cluster_endpoint"),
+    "frontdoor_servers": ("revive_frontdoor", "frontdoor_servers"),
+    "frontdoor_url": ("revive_frontdoor", "frontdoor_url"),
+    "serving_group_member_summary": ("revive_cluster", "member_summary"),
+    "serving_group_members": ("revive_serving_group", "group_members"),
+    "serving_group_unfit": ("revive_serving_group", "unfit_members"),
+    "failure_message": ("revive_handover", "failure_message"),
+    "handover_state": ("revive_handover", "handover_state"),
+    "out_of_traffic": ("revive_handover", "out_of_traffic"),
+    "locked_wheel_files": ("revive_lockfile", "locked_wheel_files"),
+    "handover_result": ("revive_handover", "handover_result"),
+    "restored_release": ("revive_handover", "restored_release"),
+    "roll_batch_check": ("revive_handover", "roll_batch_check"),
+    "roll_node_result": ("revive_handover", "roll_node_result"),
+    "roll_order": ("revive_handover", "roll_order"),
+    "roll_policy": ("revive_handover", "roll_policy"),
+    "roll_unreachable_result": ("revive_handover", "roll_unreachable_result"),
+    "roll_summary": ("revive_handover", "roll_summary"),
+    "served_model_name": ("revive_handover", "served_model_name"),
+    "serve_reach_addresses": ("revive_serve_address", "reach_addresses"),
+    "replica_host": ("revive_serve_address", "replica_host"),
+    "replica_url": ("revive_serve_address", "replica_url"),
+    "slo_gate_concurrency": ("revive_slo_gate", "gate_concurrency"),
+    "units_to_quote": ("revive_record.journal", "units_to_quote"),
+}
 
 
 def ray_unit(release, venv, temp_dir, ports, environment, dashboard=False):
@@ -78,7 +99,7 @@ def time_scaled_rules(texts, scale, scrape_interval, evaluation_interval):
     """The monitoring role's rule files, {name: text}, time-scaled for the lab (module_utils/revive_rule_scale.py);
     at scale 1 the texts themselves."""
     from ansible.errors import AnsibleFilterError
-    from ansible.module_utils.revive_rule_scale import RuleScaleError
+    from ansible.module_utils.revive_rule_scale import RuleScaleError, scale_rule_files
     try:
         return scale_rule_files(texts, scale, scrape_interval, evaluation_interval)
     except RuleScaleError as exc:
@@ -89,36 +110,6 @@ class FilterModule:
     """revive's decisions as filters; each is a pure function of its arguments."""
 
     def filters(self):
-        return {
-            "bench_argv": bench_argv,
-            "bench_limit_fact": bench_limit_fact,
-            "bench_outcome": bench_outcome,
-            "cluster_endpoint": cluster_endpoint,
-            "frontdoor_servers": frontdoor_servers,
-            "frontdoor_url": frontdoor_url,
-            "serving_group_member_summary": member_summary,
-            "serving_group_members": group_members,
-            "serving_group_unfit": unfit_members,
-            "failure_message": failure_message,
-            "handover_state": handover_state,
-            "out_of_traffic": out_of_traffic,
-            "locked_wheel_files": locked_wheel_files,
-            "node_firewall_guard": node_firewall_guard,
-            "handover_result": handover_result,
-            "restored_release": restored_release,
-            "ray_unit": ray_unit,
-            "roll_batch_check": roll_batch_check,
-            "roll_node_result": roll_node_result,
-            "roll_order": roll_order,
-            "roll_policy": roll_policy,
-            "roll_unreachable_result": roll_unreachable_result,
-            "roll_summary": roll_summary,
-            "served_model_name": served_model_name,
-            "serve_address": serve_address,
-            "serve_reach_addresses": reach_addresses,
-            "replica_host": replica_host,
-            "replica_url": replica_url,
-            "slo_gate_concurrency": gate_concurrency,
-            "time_scaled_rules": time_scaled_rules,
-            "units_to_quote": units_to_quote,
-        }
+        own = {"node_firewall_guard": node_firewall_guard, "ray_unit": ray_unit, "serve_address": serve_address,
+               "time_scaled_rules": time_scaled_rules}
+        return {**{name: _lazy(*where) for name, where in _DECISIONS.items()}, **own}

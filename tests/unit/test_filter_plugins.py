@@ -96,3 +96,31 @@ def test_rolling_refuses_a_serial_that_only_the_inventory_sets(repo, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     batches = [sorted(play["tasks"][-1]["hosts"]) for play in report["plays"]]
     assert batches == [["node1", "node2"], ["node3"]]
+
+
+def test_loading_the_plugin_imports_no_decision_and_every_filter_names_one_that_exists(repo):
+    """Ansible loads the plugin file in each worker that compiles any filter, so it imports nothing of the project's
+    own; every lazily named decision must still exist, or a filter would fail only when a play first calls it."""
+    script = textwrap.dedent("""\
+        import importlib, importlib.util, inspect, json, sys
+        spec = importlib.util.spec_from_file_location("revive_filters", "filter_plugins/revive.py")
+        plugin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plugin)
+        loaded = sorted(name for name in sys.modules if name.startswith("ansible.module_utils.revive"))
+        filters = plugin.FilterModule().filters()
+        missing = [name for name, (module, attr) in plugin._DECISIONS.items()
+                   if not callable(getattr(importlib.import_module("ansible.module_utils." + module), attr, None))]
+        print(json.dumps({"loaded": loaded, "filters": sorted(filters), "missing": missing,
+                          "all_callable": all(callable(f) for f in filters.values())}))
+        """)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["loaded"] == [], f"loading the plugin imported {seen['loaded']}"
+    assert seen["missing"] == []
+    assert seen["all_callable"]
+    assert {"handover_state", "replica_url", "serve_address", "slo_gate_concurrency", "time_scaled_rules",
+            "node_firewall_guard", "ray_unit"} <= set(seen["filters"])
+    assert len(seen["filters"]) == 31
