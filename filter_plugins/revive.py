@@ -2,9 +2,9 @@
 time-scaled rules, a serving group's Ray cluster, a node's firewall and serving address: thin wiring over
 module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py,
 revive_bench/invocation.py, revive_slo_gate.py, revive_rule_scale.py, revive_cluster.py, revive_serving_group.py,
-revive_ray_unit.py, revive_firewall.py and revive_serve_address.py, where the decisions live and are unit-tested
+revive_ray_unit.py, revive_firewall.py, revive_serve_address.py and revive_vrrp.py, where the decisions live and are unit-tested
 (tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py,
-test_ray_unit.py, test_firewall.py, test_serve_address.py).
+test_ray_unit.py, test_firewall.py, test_serve_address.py, test_vrrp.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -41,6 +41,7 @@ _DECISIONS = {
     "cluster_endpoint": ("revive_cluster", "cluster_endpoint"),
     "frontdoor_servers": ("revive_frontdoor", "frontdoor_servers"),
     "frontdoor_url": ("revive_frontdoor", "frontdoor_url"),
+    "front_doors_view": ("revive_handover", "front_doors_view"),
     "serving_group_member_summary": ("revive_cluster", "member_summary"),
     "serving_group_members": ("revive_serving_group", "group_members"),
     "serving_group_unfit": ("revive_serving_group", "unfit_members"),
@@ -62,6 +63,8 @@ _DECISIONS = {
     "replica_url": ("revive_serve_address", "replica_url"),
     "slo_gate_concurrency": ("revive_slo_gate", "gate_concurrency"),
     "units_to_quote": ("revive_record.journal", "units_to_quote"),
+    "vrrp_instance": ("revive_vrrp", "vrrp_instance"),
+    "vrrp_peers_differ": ("revive_vrrp", "vrrp_peers_differ"),
 }
 
 

@@ -101,9 +101,10 @@ DEFAULT_TLS_PORT = 443
 
 def frontdoor_url(lb: Mapping[str, Any], lb_name: str) -> str:
     """The base URL clients reach the front door at, from an lb host's variables: https on frontdoor_tls_port when
-    it has a certificate, else http on frontdoor_port; the host is frontdoor_name, else its ansible_host (an IPv6
-    address in brackets). The certificate covers that name (the role's preflight checks it)."""
-    host = str(lb.get("frontdoor_name") or lb.get("ansible_host") or lb_name)
+    it has a certificate, else http on frontdoor_port; the host is frontdoor_name, else the front doors' virtual
+    address (frontdoor_vip, held by whichever lb host keepalived chose), else its ansible_host (an IPv6 address in
+    brackets). The certificate covers that name (the role's preflight checks it)."""
+    host = str(lb.get("frontdoor_name") or lb.get("frontdoor_vip") or lb.get("ansible_host") or lb_name)
     tls = bool(lb.get("frontdoor_tls_certificate"))
     port = int(lb.get("frontdoor_tls_port", DEFAULT_TLS_PORT) if tls else lb.get("frontdoor_port", DEFAULT_PORT))
     if ":" in host and not host.startswith("["):

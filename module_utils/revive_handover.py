@@ -43,6 +43,47 @@ def out_of_traffic(servers: Any) -> List[str]:
                   if not isinstance(state, Mapping) or state.get("mode") != "ready")
 
 
+# A server's modes from the least in traffic to the most: what several front doors say of one server merges to the
+# first of these that any of them says (a server one front door still has in maintenance is not handed over).
+_MODE_ORDER = ("maint", "drain", "ready")
+
+
+def front_doors_view(results: Any, lb_hosts: Sequence[str], key: str = "servers") -> Dict[str, Any]:
+    """The frontdoor role's frontdoor_node_servers_now from haproxy_server's result on every front door.
+
+    `results` is the registered loop over `lb_hosts` (each with `item` and `servers`, or skipped). Every front door
+    must hold the same state (issue 17 §5): a server is READY only when it is READY on all of them, else it takes the
+    mode least in traffic that any says, with `front_doors` naming each one's mode; sessions in flight (`scur`) add
+    up. Nothing read from one of them (skipped, failed in check mode) is nothing read: servers None.
+    {front_door: 'lb1, lb2' ('' = no front door), front_doors: [names], servers, disagree: ['<server> lb1 ready,
+    lb2 maint']}. `key` = 'before' merges the states the results found before their change instead.
+    """
+    names = [str(name) for name in lb_hosts or []]
+    view: Dict[str, Any] = {"front_door": ", ".join(names), "front_doors": names, "servers": None, "disagree": []}
+    read = {}
+    for result in (results or {}).get("results", []) if isinstance(results, Mapping) else []:
+        if isinstance(result, Mapping) and isinstance(result.get(key), Mapping):
+            read[str(result.get("item"))] = result[key]
+    if not names or any(name not in read for name in names):
+        return view
+    merged: Dict[str, Any] = {}
+    for server in sorted({server for servers in read.values() for server in servers}):
+        states = {name: read[name].get(server) for name in names}
+        modes = {name: (state or {}).get("mode", "?") if isinstance(state, Mapping) else "absent"
+                 for name, state in states.items()}
+        worst = min(names, key=lambda name: _MODE_ORDER.index(modes[name]) if modes[name] in _MODE_ORDER else -1)
+        state = dict(states[worst]) if isinstance(states[worst], Mapping) else {"mode": modes[worst]}
+        sessions = [s.get("scur") for s in states.values() if isinstance(s, Mapping)]
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in sessions):
+            state["scur"] = sum(sessions)
+        if len(set(modes.values())) > 1:
+            state["front_doors"] = modes
+            view["disagree"].append(f"{server} " + ", ".join(f"{name} {modes[name]}" for name in names))
+        merged[server] = state
+    view["servers"] = merged
+    return view
+
+
 def found_out_note(found: Sequence[str], what: str) -> str:
     """The sentence a node's outcome carries when it was found out of traffic ('' when it was not)."""
     if not found:

@@ -123,4 +123,4 @@ def test_loading_the_plugin_imports_no_decision_and_every_filter_names_one_that_
     assert seen["all_callable"]
     assert {"handover_state", "replica_url", "serve_address", "slo_gate_concurrency", "time_scaled_rules",
             "node_firewall_guard", "ray_unit"} <= set(seen["filters"])
-    assert len(seen["filters"]) == 31
+    assert len(seen["filters"]) == 34
