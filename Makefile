@@ -54,7 +54,7 @@ lint: venv
 # 909 s). Each scenario's output goes to .molecule-<scenario>.log; all of it is printed (and joined into
 # .molecule.log) when the streams have ended, then bin/last-failure repeats each failed scenario's last failed
 # task, where a CI log's tail shows it.
-MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode
+MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode,frontdoor_ha
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
 molecule: venv fakenvml

@@ -23,7 +23,7 @@ virtual address over must already listen on it: bind the wildcard), out-of-range
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 WILDCARD_BINDS = ("", "*", "0.0.0.0", "::")
 FIRST_PRIORITY = 200
@@ -146,13 +146,14 @@ def _instance(vip: Any, host: str, lb_hosts: List[str], facts: Mapping[str, Mapp
             "check": f"/bin/bash -c '</dev/tcp/127.0.0.1/{port}'"}
 
 
-def vrrp_peers_differ(instances: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+def vrrp_peers_differ(instances: Mapping[str, Mapping[str, Any]]) -> str:
     """Why the front doors' instances cannot form one VRRP router (different router ids, intervals or virtual
-    addresses - set the variables for the whole `lb` group, not per host), or None."""
+    addresses - set the variables for the whole `lb` group, not per host), or "" (a string either way: the role's
+    assert gives it as its message, which Ansible refuses to be None)."""
     seen = {name: (i.get("router_id"), i.get("advert_int"), i.get("vip")) for name, i in instances.items()
             if not i.get("error")}
     if len(set(seen.values())) > 1:
         listing = "; ".join(f"{name}: router id {r}, advert_int {a}, {v}" for name, (r, a, v) in sorted(seen.items()))
         return (f"the front doors disagree on their VRRP settings ({listing}); set frontdoor_vip, "
                 "frontdoor_vrrp_router_id and frontdoor_vrrp_advert_int once for the lb group")
-    return None
+    return ""

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from . import fleet, prepare, state, tls
 from .errors import LabError
-from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, SUPPORT_HOSTS, build_shape, known_profiles, \
-    parse_support_hosts
+from .shape import DEFAULT_GPU_PROFILE, DEFAULT_NODES, DEFAULT_SUPPORT_HOSTS, SUPPORT_HOSTS, build_shape, \
+    known_profiles, parse_support_hosts
 
 USAGE = """\
 examples:
   bin/lab up                                  2 GPU nodes (v100-pcie-8x) + model-store, bench1, lb1, monitor1
   bin/lab up --nodes 3 --gpu-profile node3=v100-pcie-8x-degraded
+  bin/lab up --support-hosts model-store,bench1,lb1,lb2   two front doors (frontdoor_vip, docs/frontdoor-ha.md)
   bin/lab status                              hosts, addresses, systemd state, GPU profiles
   bin/lab ssh node1 systemctl is-system-running   run a command on a lab host (or log in)
   bin/lab set-profile node2 v100-pcie-8x-degraded
@@ -41,9 +42,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--gpu-profile", action="append", default=[], metavar="NAME|HOST=NAME",
                     help=f"GPU profile for every node (NAME) or one node (HOST=NAME); repeatable; "
                          f"default {DEFAULT_GPU_PROFILE}; names are lab/profiles/*.json")
-    up.add_argument("--support-hosts", default=",".join(SUPPORT_HOSTS), metavar="LIST",
+    up.add_argument("--support-hosts", default=",".join(DEFAULT_SUPPORT_HOSTS), metavar="LIST",
                     help=f"which of {', '.join(SUPPORT_HOSTS)} to run (comma-separated) or `none` "
-                         f"(default: all)")
+                         f"(default: {','.join(DEFAULT_SUPPORT_HOSTS)}; lb2 is a second front door)")
     up.add_argument("--recreate", action="store_true", help="take down a running lab of another shape first")
 
     st = sub.add_parser("status", help="show the lab's hosts and their systemd state")

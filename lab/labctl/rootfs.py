@@ -29,9 +29,11 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #                  every GPU node (entry point exporters); unit left disabled, the role enables it
 #   dbus           node exporter's systemd collector talks to systemd over the system bus
 #   nftables       every GPU node's guard (roles/node_firewall); nftables.service itself stays as Debian ships it
+#   keepalived     a second front door (lb2): VRRP holds frontdoor_vip (roles/frontdoor, docs/frontdoor-ha.md); its
+#                  unit is left disabled, the role enables it where a VIP is set
 PACKAGES = (
-    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "less", "libjansson4", "nftables",
-    "openssh-server", "procps", "prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter",
+    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "keepalived", "less", "libjansson4",
+    "nftables", "openssh-server", "procps", "prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter",
     "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
     "systemd", "systemd-sysv",
 )
@@ -43,7 +45,7 @@ RECIPE_VERSION = 2
 # otherwise fail later (apt-daily) and turn `systemctl is-system-running` to degraded, and the packaged services
 # that a role enables where it wants them (haproxy on lb, prometheus* on monitor and the GPU nodes).
 DISABLED_UNITS = {
-    "multi-user.target.wants": ("haproxy.service", "e2scrub_reap.service", "prometheus.service",
+    "multi-user.target.wants": ("haproxy.service", "keepalived.service", "e2scrub_reap.service", "prometheus.service",
                                 "prometheus-alertmanager.service", "prometheus-blackbox-exporter.service",
                                 "prometheus-node-exporter.service"),
     "timers.target.wants": ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"),

@@ -15,12 +15,15 @@ MAX_NODES = 32
 # The fleet roles besides GPU nodes, as in the field notes: an rsync source for models, a load client
 # kept off the GPU nodes, the front door, and Prometheus (issue 15). Host name -> inventory group.
 # Host names differ from their group names: Ansible warns when a host and a group share a name.
-SUPPORT_HOSTS = {"model-store": "model_store", "bench1": "bench", "lb1": "lb", "monitor1": "monitor"}
+# lb2 is a second front door (keepalived holds the virtual address on one of them, docs/frontdoor-ha.md): only a
+# lab that names it runs it, so the default lab is the field notes' single front door.
+SUPPORT_HOSTS = {"model-store": "model_store", "bench1": "bench", "lb1": "lb", "monitor1": "monitor", "lb2": "lb"}
+DEFAULT_SUPPORT_HOSTS = ("model-store", "bench1", "lb1", "monitor1")
 GROUPS = ("gpu_nodes", "model_store", "bench", "lb", "monitor")
 
 # Each lab owns one /24 of this /16; slot N is 10.213.N.0/24, the controller (the bridge) is .1.
 LAB_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
-SUPPORT_HOST_OCTET = {"model-store": 2, "bench1": 3, "lb1": 4, "monitor1": 5}
+SUPPORT_HOST_OCTET = {"model-store": 2, "bench1": 3, "lb1": 4, "monitor1": 5, "lb2": 6}
 FIRST_NODE_OCTET = 10  # node1 is .11
 
 
@@ -41,7 +44,7 @@ class LabShape:
     """What `bin/lab up` was asked for: N GPU nodes, which support hosts, and each node's GPU profile."""
 
     nodes: int = DEFAULT_NODES
-    support_hosts: tuple[str, ...] = tuple(SUPPORT_HOSTS)
+    support_hosts: tuple[str, ...] = DEFAULT_SUPPORT_HOSTS
     node_profiles: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -88,7 +91,7 @@ def profile_path(profiles_dir: Path, name: str) -> Path:
 
 
 def parse_support_hosts(spec: str) -> tuple[str, ...]:
-    """`model-store,bench1,lb1,monitor1` (any subset, in any order) or `none`."""
+    """`model-store,bench1,lb1,monitor1,lb2` (any subset, in any order) or `none`."""
     if spec.strip() == "none":
         return ()
     names = [n.strip() for n in spec.split(",") if n.strip()]

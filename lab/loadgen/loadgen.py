@@ -6,7 +6,9 @@ Runs on the bench host with the system python3 and `revive_sse.py` (module_utils
 send the next one (a closed loop), until `--stop-file` exists or `--duration` seconds passed; then the requests in flight finish and the summary is
 written as JSON. A request fails when the answer is not HTTP 200, is cut (a truncated chunked body), lacks
 `data: [DONE]` or a finish_reason, or has no text or usage (docs/facts/lb-and-rolling.md §4.1): the client never
-retries, so nothing the front door lets through is hidden.
+retries, so nothing the front door lets through is hidden. The summary's `timeline` counts the answers and failures
+by the second their request was sent (seconds after `started_at`, the Unix time the load began), so that a fault's
+effect can be placed against when it happened (molecule/frontdoor_ha: failures before the address moved, none after).
 
 With `--tls` it speaks https to the front door and verifies its certificate and the host name (an IP address against
 the certificate's IP SANs) against `--ca-file`, else the system's trust store; never unverified. The API key comes
@@ -66,6 +68,7 @@ class Load:
         self.no_done = 0
         self.http_errors: Dict[str, int] = {}
         self.failures: List[dict] = []
+        self.timeline: Dict[int, List[int]] = {}
         self.by_server: Dict[str, int] = {}
         self.ttft: List[float] = []
         self.e2e: List[float] = []
@@ -77,6 +80,10 @@ class Load:
 
     def client(self, number: int) -> None:
         sequence = number
+        # --ramp-up: client i starts i/concurrency of it late, so that the clients' requests do not stay in step
+        # (with equal answers they would all be in flight, or all between requests, at the same moments)
+        if self.args.ramp_up and self.stop.wait(self.args.ramp_up * number / self.args.concurrency):
+            return
         while not self.stop.is_set():
             request = StreamRequest(self.args.kind, self.args.model, max_tokens=self.args.max_tokens,
                                     temperature=0.7,
@@ -92,6 +99,7 @@ class Load:
             with self.lock:
                 self.sent += 1
                 self.by_server[server or "(none)"] = self.by_server.get(server or "(none)", 0) + 1
+                self.timeline.setdefault(int(sent_at - self.started), [0, 0])[0 if result.ok else 1] += 1
                 if result.ok:
                     self.ok += 1
                     self.ttft.append(result.ttft_s or 0.0)
@@ -121,15 +129,16 @@ class Load:
     def summary(self) -> dict:
         return {"host": self.args.host, "port": self.args.port, "tls": self.args.tls,
                 "concurrency": self.args.concurrency,
-                "think_time_s": self.args.think_time,
+                "think_time_s": self.args.think_time, "ramp_up_s": self.args.ramp_up,
                 "max_tokens": self.args.max_tokens, "ignore_eos": self.args.ignore_eos,
-                "duration_s": round(time.time() - self.started, 2),
+                "started_at": round(self.started, 3), "duration_s": round(time.time() - self.started, 2),
                 "sent": self.sent, "ok": self.ok, "failed": self.failed, "truncated": self.truncated,
                 "without_done": self.no_done, "http_errors": self.http_errors, "by_server": self.by_server,
                 "ttft_s": {"p50": percentile(self.ttft, 0.5), "p95": percentile(self.ttft, 0.95)},
                 "e2e_s": {"p50": percentile(self.e2e, 0.5), "p95": percentile(self.e2e, 0.95),
                           "mean": round(statistics.fmean(self.e2e), 4) if self.e2e else None},
-                "failures": self.failures}
+                "failures": self.failures,
+                "timeline": [[second, *counts] for second, counts in sorted(self.timeline.items())]}
 
 
 def parse(argv: List[str]) -> argparse.Namespace:
@@ -152,6 +161,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--ignore-eos", action="store_true",
                         help="vLLM's ignore_eos sampling parameter: every answer runs to --max-tokens")
     parser.add_argument("--think-time", type=float, default=0.0, help="seconds between a client's requests")
+    parser.add_argument("--ramp-up", type=float, default=0.0, metavar="S",
+                        help="start the clients spread over S seconds (client i after i/concurrency of S), so that "
+                             "they are not in step; default 0: all at once")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 = until --stop-file exists")
     parser.add_argument("--stop-file", default="")

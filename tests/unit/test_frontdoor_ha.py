@@ -50,7 +50,7 @@ def test_each_front_door_gets_the_interface_its_address_and_the_other_as_peer():
                    "peers": ["10.20.0.5"], "priority": 200, "router_id": 51, "advert_int": 1,
                    "check": "/bin/bash -c '</dev/tcp/127.0.0.1/443'"}
     assert (two["address"], two["peers"], two["priority"]) == ("10.20.0.5", ["10.20.0.4"], 190)
-    assert vrrp_peers_differ({"lb1": one, "lb2": two}) is None
+    assert vrrp_peers_differ({"lb1": one, "lb2": two}) == ""
 
 
 def test_the_address_keepalived_already_holds_is_not_refused_on_a_second_run():

@@ -12,8 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "lab"))
 
 from labctl.errors import LabError  # noqa: E402
-from labctl.shape import (LabShape, build_shape, controller_address, host_address, known_profiles,  # noqa: E402
-                          parse_support_hosts, profile_path, slot_network)
+from labctl.shape import (DEFAULT_SUPPORT_HOSTS, SUPPORT_HOSTS, LabShape, build_shape,  # noqa: E402
+                          controller_address, host_address, known_profiles, parse_support_hosts, profile_path,
+                          slot_network)
 
 
 @pytest.fixture()
@@ -77,8 +78,18 @@ def test_support_hosts_keep_a_canonical_order_and_none_means_none():
 
 
 def test_unknown_support_host_is_refused_with_the_choices():
-    with pytest.raises(LabError, match="unknown support host\\(s\\) db; choose from model-store, bench1, lb1, monitor1"):
+    with pytest.raises(LabError,
+                       match="unknown support host\\(s\\) db; choose from model-store, bench1, lb1, monitor1, lb2"):
         parse_support_hosts("db,lb1")
+
+
+def test_lb2_is_a_second_front_door_only_where_it_is_named(profiles):
+    assert "lb2" not in build_shape(1, [], DEFAULT_SUPPORT_HOSTS, profiles).to_json()["support_hosts"]
+    assert LabShape().support_hosts == DEFAULT_SUPPORT_HOSTS
+    shape = build_shape(1, [], parse_support_hosts("lb2,lb1,bench1"), profiles)
+    assert [(h.name, h.group, host_address(0, h)) for h in shape.hosts if h.group == "lb"] == [
+        ("lb1", "lb", "10.213.0.4"), ("lb2", "lb", "10.213.0.6")]
+    assert len({h.octet for h in build_shape(2, [], tuple(SUPPORT_HOSTS), profiles).hosts}) == 2 + len(SUPPORT_HOSTS)
 
 
 def test_node_count_is_bounded(profiles):

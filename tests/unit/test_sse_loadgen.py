@@ -34,6 +34,11 @@ def test_loadgen_counts_cut_streams_missing_done_and_http_errors(tmp_path):
     assert summary["without_done"] >= summary["truncated"] + sum(1 for n in range(1, sent + 1) if n % 4 == 2)
     assert {f["status"] for f in summary["failures"]} <= {200, 503}
     assert json.loads(done.stdout)["sent"] == sent
+    # the timeline places every request by the second it was sent: [second, ok, failed], seconds since started_at
+    assert [row[0] for row in summary["timeline"]] == [0]
+    assert sum(row[1] for row in summary["timeline"]) == summary["ok"]
+    assert sum(row[2] for row in summary["timeline"]) == summary["failed"]
+    assert 0 < summary["started_at"] <= min(f["sent_at"] for f in summary["failures"]) + summary["started_at"]
 
 
 def test_loadgen_asks_for_full_length_answers_only_with_ignore_eos(tmp_path):
@@ -56,3 +61,22 @@ def test_loadgen_asks_for_full_length_answers_only_with_ignore_eos(tmp_path):
         assert bodies and {body.get("ignore_eos") for body in bodies} == {expected}
         assert {body["max_tokens"] for body in bodies} == {300}
         assert json.loads(out.read_text())["ignore_eos"] is bool(expected)
+
+
+def test_loadgen_ramp_up_starts_the_clients_spread_out_and_stops_on_time(tmp_path):
+    """--ramp-up S: client i waits i/concurrency of S before its first request; a stop during the wait ends it."""
+    def run(*extra):
+        out = tmp_path / "load.json"
+        with FakeServer(answer_for=lambda number, body: Answer(tokens=2)) as fake:
+            done = subprocess.run([sys.executable, str(LOADGEN), "--host", "127.0.0.1", "--port", str(fake.port),
+                                   "--model", "tiny", "--api-key", "k", "--concurrency", "4", "--think-time", "0.2",
+                                   "--duration", "0.5", "--out", str(out), *extra],
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())
+
+    together, spread = run(), run("--ramp-up", "8")
+    # all four clients send from the start; spread over 8 s, only the first starts within the 0.5 s
+    assert together["sent"] >= 4 and together["ramp_up_s"] == 0.0
+    assert 1 <= spread["sent"] <= 3 and spread["ramp_up_s"] == 8.0
+    assert spread["duration_s"] < 2

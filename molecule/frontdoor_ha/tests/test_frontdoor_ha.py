@@ -1,0 +1,30 @@
+"""Two front doors after side_effect.yml: keepalived runs on both with a root-only configuration, lb2 holds the
+virtual address (lb1 lost its link and came back as backup), and both HAProxys send traffic to every replica."""
+import ipaddress
+
+from lab_testinfra import haproxy_servers, lab_host, lab_hosts
+
+testinfra_hosts = lab_hosts("lb")
+VIP = str(ipaddress.ip_address(lab_host("lb1")["address"]) + (250 - 4))
+REPLICAS = {"node1-vllm-0", "node1-vllm-1", "node2-vllm-0", "node2-vllm-1"}
+
+
+def test_keepalived_runs_from_a_root_only_configuration_naming_the_address_and_the_peer(host):
+    service = host.service("keepalived")
+    assert service.is_enabled and service.is_running
+    config = host.file("/etc/keepalived/keepalived.conf")
+    assert (config.user, config.group, config.mode) == ("root", "root", 0o640)
+    text = config.content_string
+    peer = lab_host({"lb1": "lb2", "lb2": "lb1"}[host.backend.host.name])["address"]
+    assert f"{VIP}/24 dev " in text and "nopreempt" in text and "state BACKUP" in text
+    assert peer in text.split("unicast_peer", 1)[1]
+
+
+def test_only_lb2_holds_the_virtual_address(host):
+    held = host.run("ip -4 -o addr show to %s/32", VIP).stdout.strip()
+    assert bool(held) == (host.backend.host.name == "lb2"), held
+
+
+def test_each_front_door_sends_traffic_to_every_replica(host):
+    states = haproxy_servers(host)
+    assert {name: row["status"] for name, row in states.items() if name in REPLICAS} == dict.fromkeys(REPLICAS, "UP")
