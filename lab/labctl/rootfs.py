@@ -32,9 +32,9 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #   keepalived     a second front door (lb2): VRRP holds frontdoor_vip (roles/frontdoor, docs/frontdoor-ha.md); its
 #                  unit is left disabled, the role enables it where a VIP is set
 PACKAGES = (
-    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "keepalived", "less", "libjansson4",
-    "nftables", "openssh-server", "procps", "prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter",
-    "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
+    "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "keepalived", "less",
+    "libjansson4", "nftables", "openssh-server", "procps", "prometheus", "prometheus-alertmanager",
+    "prometheus-blackbox-exporter", "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
     "systemd", "systemd-sysv",
 )
 

@@ -5,7 +5,7 @@ import ipaddress
 from lab_testinfra import haproxy_servers, lab_host, lab_hosts
 
 testinfra_hosts = lab_hosts("lb")
-VIP = str(ipaddress.ip_address(lab_host("lb1")["address"]) + (250 - 4))
+VIP = str(ipaddress.ip_interface(f"{lab_host('lb1')['address']}/24").network[250])  # molecule.yml: .250 of the /24
 REPLICAS = {"node1-vllm-0", "node2-vllm-0"}  # one replica of TP 8 per node (molecule.yml)
 
 
