@@ -11,8 +11,9 @@ What this decides, from each lb host's gathered facts (pure: the frontdoor role 
 * the host's own address on that network (the source of its advertisements) and its peers' addresses there
   (unicast advertisements: no multicast needed on the LAN, nothing sent to other VRRP routers);
 * its priority: the inventory's order of the `lb` group unless set (first 200, then 190, ...), so the first front
-  door holds the address when all are up; every instance starts BACKUP with `nopreempt`, so a front door that comes
-  back does not take the address back (moving it again would cut the streams of the one that holds it);
+  door wins when front doors start together; every instance starts BACKUP with `nopreempt`, so the first master
+  keeps the address and a front door that comes back does not take it back (moving it again would cut the streams
+  of the one that holds it);
 * the health check that gives the address up when the local HAProxy stops accepting connections on the front door's
   port.
 

@@ -25,6 +25,7 @@ examples:
   bin/lab wheelhouse                          .lab/wheelhouse: the wheels roles copy to nodes (PyPI once)
   bin/lab seed-model                          the lab model onto model-store:/srv/models/tiny-chat/rev1
   bin/lab tls                                 a private CA and lb1's certificate in STATE_DIR/tls (openssl)
+  bin/lab tls --address 10.213.0.250          ... covering a front doors' virtual address too
 then: ansible-playbook -i inventory/lab site.yml
 """
 
@@ -82,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
     lab_tls.add_argument("--host", default="lb1", help="the front door's lab host (default lb1)")
     lab_tls.add_argument("--name", default=tls.FRONTDOOR_NAME,
                          help=f"DNS name the certificate covers besides the host's address (default {tls.FRONTDOOR_NAME})")
+    lab_tls.add_argument("--address", action="append", default=[], metavar="IP",
+                         help="another IP address the certificate covers, e.g. the front doors' frontdoor_vip "
+                              "(repeat for more)")
     return p
 
 
@@ -127,7 +131,7 @@ def main(argv: list[str]) -> int:
             host = lab.host(args.host) if lab else None
             if host is None:
                 raise LabError(f"no lab host {args.host!r} in {paths.state_dir}; start one with `bin/lab up`")
-            made = tls.issue(paths.state_dir / "tls", host.address, args.name)
+            made = tls.issue(paths.state_dir / "tls", host.address, args.name, also=args.address)
             print(f"{'made' if made else 'kept'} {paths.state_dir / 'tls'}: "
                   f"{tls.describe(paths.state_dir / 'tls')}")
             return 0

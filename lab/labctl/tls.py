@@ -1,9 +1,11 @@
 """The lab's private CA and the front door's certificate, made with the distribution's `openssl` (docs/tls.md).
 
 `bin/lab tls` writes STATE_DIR/tls/: ca.crt (what the lab's clients trust), ca.key, frontdoor.crt (issued by that
-CA for the lb host's address and FRONTDOOR_NAME) and frontdoor.key. The inventory hands the two frontdoor files to
+CA for the lb host's address, FRONTDOOR_NAME and any other address asked for: the front doors' virtual address) and
+frontdoor.key. The inventory hands the two frontdoor files to
 the front door role as frontdoor_tls_certificate / frontdoor_tls_key, as an operator would from a vault. A second
-call keeps files that still cover the lb host's address, so a Molecule converge sees the same certificate twice.
+call keeps files that still cover every address asked for, so a Molecule converge sees the same certificate twice;
+one that asks for an address the certificate lacks issues both anew.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 from .errors import LabError
 from .system import run
@@ -21,10 +24,16 @@ DAYS = 30
 FILES = ("ca.crt", "ca.key", "frontdoor.crt", "frontdoor.key")
 
 
-def issue(tls_dir: Path, address: str, name: str = FRONTDOOR_NAME) -> bool:
-    """Make the CA and the certificate unless valid ones for `address` and `name` exist; True when made."""
-    ipaddress.ip_address(address)
-    if _current(tls_dir, address, name):
+def issue(tls_dir: Path, address: str, name: str = FRONTDOOR_NAME, also: Sequence[str] = ()) -> bool:
+    """Make the CA and the certificate unless valid ones for `address`, the addresses `also` and `name` exist;
+    True when made."""
+    addresses = list(dict.fromkeys([address, *also]))
+    for each in addresses:
+        try:
+            ipaddress.ip_address(each)
+        except ValueError:
+            raise LabError(f"{each!r} is not an IP address: the certificate covers addresses by their IP SAN")
+    if _current(tls_dir, addresses, name):
         return False
     tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key, ca_crt = tls_dir / "ca.key", tls_dir / "ca.crt"
@@ -38,7 +47,8 @@ def issue(tls_dir: Path, address: str, name: str = FRONTDOOR_NAME) -> bool:
          "keyUsage=critical,keyCertSign,cRLSign", "-out", str(ca_crt)], "making the lab CA")
     with tempfile.TemporaryDirectory() as tmp:
         csr, ext = Path(tmp) / "frontdoor.csr", Path(tmp) / "ext.cnf"
-        ext.write_text(f"subjectAltName=DNS:{name},IP:{address}\nbasicConstraints=critical,CA:FALSE\n"
+        sans = ",".join([f"DNS:{name}"] + [f"IP:{each}" for each in addresses])
+        ext.write_text(f"subjectAltName={sans}\nbasicConstraints=critical,CA:FALSE\n"
                        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
                        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
         run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/CN={name}", "-out", str(csr)],
@@ -49,11 +59,11 @@ def issue(tls_dir: Path, address: str, name: str = FRONTDOOR_NAME) -> bool:
     return True
 
 
-def _current(tls_dir: Path, address: str, name: str) -> bool:
+def _current(tls_dir: Path, addresses: Sequence[str], name: str) -> bool:
     if not all((tls_dir / f).exists() for f in FILES):
         return False
     crt = str(tls_dir / "frontdoor.crt")
-    checks = (["-checkip", address], ["-checkhost", name], ["-checkend", str(7 * 86400)])
+    checks = [["-checkip", each] for each in addresses] + [["-checkhost", name], ["-checkend", str(7 * 86400)]]
     for check in checks:
         proc = subprocess.run(["openssl", "x509", "-noout", "-in", crt, *check], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL)

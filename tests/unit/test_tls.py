@@ -156,6 +156,11 @@ def test_the_front_door_url_follows_tls_and_the_roles_defaults(repo):
     assert frontdoor_url(tls, "lb1") == "https://api.example.com:443"
     assert frontdoor_url({**tls, "frontdoor_name": "fd00::4", "frontdoor_tls_port": 8443}, "lb1") == \
         "https://[fd00::4]:8443"
+    # Two front doors: clients use the virtual address unless a name points at it (the role's preflight checks the
+    # certificate against the same choice, roles/frontdoor/vars/main.yml __frontdoor_name; molecule/frontdoor_ha).
+    vip = {**tls, "frontdoor_name": "", "frontdoor_vip": "10.0.0.250"}
+    assert frontdoor_url(vip, "lb1") == "https://10.0.0.250:443"
+    assert frontdoor_url({**vip, "frontdoor_name": "api.example.com"}, "lb1") == "https://api.example.com:443"
 
 
 def run_module(repo, tmp_path, args: dict) -> dict:

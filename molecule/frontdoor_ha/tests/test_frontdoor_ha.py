@@ -14,7 +14,7 @@ REPLICAS = {"node1-vllm-0", "node2-vllm-0"}  # one replica of TP 8 per node (mol
 RESULTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "frontdoor-ha-results.json"  # side_effect.yml's numbers
 
 
-def test_keepalived_runs_from_a_root_only_configuration_naming_the_address_and_the_peer(host):
+def test_keepalived_runs_from_a_root_only_configuration_naming_the_address_the_peer_and_the_tls_port(host):
     service = host.service("keepalived")
     assert service.is_enabled and service.is_running
     config = host.file("/etc/keepalived/keepalived.conf")
@@ -22,6 +22,7 @@ def test_keepalived_runs_from_a_root_only_configuration_naming_the_address_and_t
     text = config.content_string
     peer = lab_host({"lb1": "lb2", "lb2": "lb1"}[host.backend.host.name])["address"]
     assert f"{VIP}/24 dev " in text and "nopreempt" in text and "state BACKUP" in text
+    assert "/dev/tcp/127.0.0.1/443'" in text  # the health check tracks the TLS port (molecule.yml: TLS on)
     assert peer in text.split("unicast_peer", 1)[1]
 
 
