@@ -51,9 +51,9 @@ lint: venv
 # Every scenario, in streams side by side (bin/molecule-streams): the fleet then model_sync, beside the others one
 # after the other (2 cores, clean clone of b0c8852: fleet 2293 + model_sync 204 s | default 857 + fleet_preflight
 # 268 + multinode 907 + frontdoor_ha 425 + lint 63 s, the cores 88 % busy - mostly Ansible's own per-task work on
-# the controller and on the lab's hosts; docs/performance.md §3). Each scenario's output goes to .molecule-<scenario>.log; all of it is printed (and joined
-# into .molecule.log) when the streams have ended, then bin/last-failure repeats each failed scenario's last failed
-# task, where a CI log's tail shows it.
+# the controller and on the lab's hosts; docs/performance.md §3). Each scenario's output goes to
+# .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when the streams have ended, then
+# bin/last-failure repeats each failed scenario's last failed task, where a CI log's tail shows it.
 MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode,frontdoor_ha
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.

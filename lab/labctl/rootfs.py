@@ -34,8 +34,8 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "acl", "ca-certificates", "curl", "dbus", "haproxy", "iproute2", "iputils-ping", "keepalived", "less",
     "libjansson4", "nftables", "openssh-server", "procps", "prometheus", "prometheus-alertmanager",
-    "prometheus-blackbox-exporter", "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync", "sudo",
-    "systemd", "systemd-sysv",
+    "prometheus-blackbox-exporter", "prometheus-node-exporter", "python3", "python3-apt", "python3-venv", "rsync",
+    "sudo", "systemd", "systemd-sysv",
 )
 
 # Bump when customize() changes: the cache key covers it, so an old rootfs is never reused by mistake.

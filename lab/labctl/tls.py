@@ -32,7 +32,7 @@ def issue(tls_dir: Path, address: str, name: str = FRONTDOOR_NAME, also: Sequenc
         try:
             ipaddress.ip_address(each)
         except ValueError:
-            raise LabError(f"{each!r} is not an IP address: the certificate covers addresses by their IP SAN")
+            raise LabError(f"{each!r} is not an IP address: the certificate covers addresses by their IP SAN") from None
     if _current(tls_dir, addresses, name):
         return False
     tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
