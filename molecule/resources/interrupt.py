@@ -8,10 +8,16 @@ the SSH sessions they hold; what already runs on a host goes on there). It is se
 a regular expression found in a URL's body (`--url`/`--regex`: the front door's Prometheus exporter says a server's
 state; it lists every state of a server, with 1 for the one it is in and 0 for the others, so the regex names the
 value) or a command that succeeds (`--until-cmd`, run through the shell: a file or a unit on a lab host). The
-command's output goes to `--log`. With `--signal NONE` nothing is sent: `--then-cmd` runs through the shell when
+command's output goes to `--log`. A Ctrl-C that the command has not ended on within `--again` seconds is pressed
+again, as an operator would: ansible-playbook takes SIGINT in a handler that puts the default action back and raises
+KeyboardInterrupt in its main thread, and an exception raised while that thread runs a finalizer (a generator's
+close, an object's __del__) is printed and dropped by Python - the run then goes on as if nothing was pressed
+(stop 36's CI: the roll ran to its end, exit 0). The second Ctrl-C meets the default action and ends the process
+(exit -2), as it does at a terminal. With `--signal NONE` nothing is sent: `--then-cmd` runs through the shell when
 the condition holds (a fault under the run: a lab host's link cut) and the command runs to its end. Prints one JSON
 object: {signal, condition, seconds (from the start to the signal or the fault), rc (the command's exit status; -9
-for SIGKILL), then_rc (the fault command's, or null), ended_first, timed_out}.
+for SIGKILL, -2 for a second Ctrl-C), sigints (how many were sent), then_rc (the fault command's, or null),
+ended_first, timed_out}.
 
 Exit status: 0 the command was interrupted (or the fault made) as asked; 3 it ended before the condition held
 (nothing was interrupted: the check that uses this would prove nothing); 4 the condition did not hold within
@@ -32,7 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 SIGNALS = {"INT": signal.SIGINT, "KILL": signal.SIGKILL, "NONE": None}
 
@@ -59,6 +65,23 @@ def command_succeeds(command: str) -> bool:
     return command_status(command) == 0
 
 
+def interrupt_until_ended(process: subprocess.Popen, grace: float, again: float) -> Tuple[int, int]:
+    """Ctrl-C to the process group, again every `again` seconds it has not ended, SIGKILL after `grace` seconds:
+    (SIGINTs sent, 0 - or 5 when it had to be killed)."""
+    deadline, sent = time.monotonic() + grace, 0
+    while True:
+        os.killpg(process.pid, signal.SIGINT)
+        sent += 1
+        try:
+            process.wait(timeout=max(0.0, min(again, deadline - time.monotonic())))
+            return sent, 0
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                return sent, 5
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--signal", choices=sorted(SIGNALS), required=True)
@@ -68,6 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the condition")
     parser.add_argument("--grace", type=float, default=120, help="seconds the command may take to end after SIGINT")
+    parser.add_argument("--again", type=float, default=5,
+                        help="seconds after a SIGINT the command has not ended on before another is sent")
     parser.add_argument("--then-cmd", help="with --signal NONE: the shell command run when the condition holds")
     parser.add_argument("--log", required=True, help="where the command's stdout and stderr go")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
@@ -86,8 +111,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         condition, holds = f"`{args.until_cmd}` succeeds", lambda: command_succeeds(args.until_cmd)
 
     started = time.monotonic()
-    result = {"signal": args.signal, "condition": condition, "seconds": None, "rc": None, "then_rc": None,
-              "ended_first": False, "timed_out": False}
+    result = {"signal": args.signal, "condition": condition, "seconds": None, "rc": None, "sigints": 0,
+              "then_rc": None, "ended_first": False, "timed_out": False}
     status = 0
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     with open(args.log, "wb") as log:
@@ -109,15 +134,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 result["timed_out"], status = True, 4
+        elif status == 4 or args.signal == "KILL":
+            result["seconds"] = round(time.monotonic() - started, 1)
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         else:
             result["seconds"] = round(time.monotonic() - started, 1)
-            os.killpg(process.pid, signal.SIGKILL if status == 4 else SIGNALS[args.signal])
-            try:
-                process.wait(timeout=args.grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                status = 5
+            result["sigints"], status = interrupt_until_ended(process, args.grace, args.again)
     result["rc"] = process.returncode
     print(json.dumps(result))
     return status

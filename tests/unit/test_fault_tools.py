@@ -75,7 +75,7 @@ def test_sigint_reaches_the_whole_group_when_the_command_condition_holds(tmp_pat
     status, account, _ = interrupt(tmp_path, "--signal", "INT", "--until-cmd", f"test -s {pids}",
                                    command=[sys.executable, str(script), str(pids)])
     assert status == 0, account
-    assert account["rc"] == 99 and not account["ended_first"] and not account["timed_out"]
+    assert account["rc"] == 99 and account["sigints"] == 1 and not account["ended_first"] and not account["timed_out"]
     assert account["seconds"] is not None
     assert "User interrupted execution" in (tmp_path / "run.log").read_text()
     time.sleep(0.2)
@@ -143,7 +143,31 @@ def test_a_command_that_ignores_sigint_is_killed_after_the_grace(tmp_path):
                       "time.sleep(30)\n")
     status, account, _ = interrupt(tmp_path, "--signal", "INT", "--grace", "0.5", "--until-cmd",
                                    f"grep -q x {tmp_path / 'run.log'}", command=[sys.executable, str(script)])
-    assert status == 5 and account["rc"] == -9
+    assert status == 5 and account["rc"] == -9 and account["sigints"] == 1
+
+
+# As ansible-playbook's main process when its SIGINT handler ran inside a finalizer: the handler puts the default
+# action back and raises KeyboardInterrupt, which Python drops there, so the run goes on (stop 36's CI).
+SWALLOWS_ONE = """
+import signal, time
+def swallowed(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    print("swallowed", flush=True)
+signal.signal(signal.SIGINT, swallowed)
+print("x", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_ctrl_c_the_command_did_not_end_on_is_pressed_again(tmp_path):
+    script = tmp_path / "swallows.py"
+    script.write_text(SWALLOWS_ONE)
+    started = time.monotonic()
+    status, account, _ = interrupt(tmp_path, "--signal", "INT", "--again", "0.5", "--until-cmd",
+                                   f"grep -q x {tmp_path / 'run.log'}", command=[sys.executable, str(script)])
+    assert status == 0 and account["sigints"] == 2 and account["rc"] == -2, account
+    assert "swallowed" in (tmp_path / "run.log").read_text()
+    assert time.monotonic() - started < 20
 
 
 def test_with_no_signal_the_fault_is_made_when_the_condition_holds_and_the_command_runs_to_its_end(tmp_path):
