@@ -202,7 +202,10 @@ def test_a_steady_replica_passes_with_every_latency_in_the_report():
     warm = report["warmup"]
     assert warm["requests_sent"] == 10 and warm["settled"] is True
     assert [a["completion_tokens"] for a in warm["answers"]] == [6] * 10
-    assert all(a["ttft_s"] > 0 and a["e2e_s"] >= a["ttft_s"] and a["tpot_s"] > 0 for a in warm["answers"])
+    # TPOT is timed between the reads that brought the first and the last token: a client that was not scheduled
+    # for a few milliseconds (2 cores, the suite on 4 workers) reads all six in one go and measures 0.
+    assert all(a["ttft_s"] > 0 and a["e2e_s"] >= a["ttft_s"] and a["tpot_s"] is not None and a["tpot_s"] >= 0
+               for a in warm["answers"]), warm["answers"]
     chats = [r for r in fake.requests if r["path"] == "/v1/chat/completions"]
     assert sorted(r["body"]["messages"][0]["content"] for r in chats) == sorted(BUNDLED_PROMPTS[:10])
     assert {r["body"]["model"] for r in chats} == {"tiny"}
