@@ -10,14 +10,14 @@ state; it lists every state of a server, with 1 for the one it is in and 0 for t
 value) or a command that succeeds (`--until-cmd`, run through the shell: a file or a unit on a lab host). The
 command's output goes to `--log`. A Ctrl-C that the command has not ended on within `--again` seconds is pressed
 again, as an operator would: ansible-playbook takes SIGINT in a handler that puts the default action back and raises
-KeyboardInterrupt in its main thread, and an exception raised while that thread runs a finalizer (a generator's
-close, an object's __del__) is printed and dropped by Python - the run then goes on as if nothing was pressed
-(stop 36's CI: the roll ran to its end, exit 0). The second Ctrl-C meets the default action and ends the process
-(exit -2), as it does at a terminal. With `--signal NONE` nothing is sent: `--then-cmd` runs through the shell when
-the condition holds (a fault under the run: a lab host's link cut) and the command runs to its end. Prints one JSON
-object: {signal, condition, seconds (from the start to the signal or the fault), rc (the command's exit status; -9
-for SIGKILL, -2 for a second Ctrl-C), sigints (how many were sent), then_rc (the fault command's, or null),
-ended_first, timed_out}.
+KeyboardInterrupt in its main thread, and what is raised while that thread runs a finalizer (a generator's close, an
+object's __del__) or dispatches a worker's inventory call (which catches BaseException) is dropped - the run then
+goes on as if nothing was pressed (stop 36's CI: the roll ran to its end, exit 0; docs/faults.md §1). The second
+Ctrl-C meets the default action and ends the process (exit -2), as it does at a terminal. With `--signal NONE`
+nothing is sent: `--then-cmd` runs through the shell when the condition holds (a fault under the run: a lab host's
+link cut) and the command runs to its end. Prints one JSON object: {signal, condition, seconds (from the start to
+the signal or the fault), rc (the command's exit status; -9 for SIGKILL, -2 for a second Ctrl-C), sigints (how
+many were sent), then_rc (the fault command's, or null), ended_first, timed_out}.
 
 Exit status: 0 the command was interrupted (or the fault made) as asked; 3 it ended before the condition held
 (nothing was interrupted: the check that uses this would prove nothing); 4 the condition did not hold within
