@@ -11,12 +11,12 @@ _SPEC.loader.exec_module(unit_conftest)
 
 
 def test_every_file_the_order_names_exists_once():
-    names = unit_conftest.LONGEST
+    names = unit_conftest.LONGEST + unit_conftest.LAST
     assert len(set(names)) == len(names)
     assert [name for name in names if not (HERE / name).is_file()] == []
 
 
-def test_named_files_come_first_in_their_order_and_the_others_after():
+def test_longest_first_in_their_order_then_the_others_then_the_last():
     first, second = (Path(name) for name in unit_conftest.LONGEST[:2])
-    other = Path("test_not_named_here.py")
-    assert sorted([other, second, first], key=unit_conftest.order_key) == [first, second, other]
+    other, last = Path("test_not_named_here.py"), Path(unit_conftest.LAST[0])
+    assert sorted([last, other, second, first], key=unit_conftest.order_key) == [first, second, other, last]
