@@ -40,8 +40,8 @@ BYTECODE := { python -m compileall -q -j 0 $(VENV)/lib module_utils filter_plugi
 # Four workers on 2 cores: the suite's tests wait on the processes they start (ansible-playbook, twins, a lab node)
 # for much of their time - two workers kept the cores 133% busy (524 s), four 163% (411 s; 2141 passed, 2026-12-06).
 # Files longest first (tests/unit/conftest.py; xdist's own reorder by number of tests left the few long ones to the
-# end, one worker running them alone): 449 -> 379 s, back to back on this machine (2026-12-07); the field notes'
-# bench, which times a twin, still last.
+# end, one worker running them alone): 449 -> 379 s back to back (2026-12-07). The field notes' bench, which times a
+# twin, failed among them and goes last again; with it there, a clean-clone make test's unit phase took 392 s.
 UNIT := $(BYTECODE) && \
 	python -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=15 tests/unit
 unit: venv fakenvml

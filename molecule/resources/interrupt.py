@@ -40,7 +40,8 @@ import time
 import urllib.request
 from typing import List, Optional, Tuple
 
-SIGNALS = {"INT": signal.SIGINT, "KILL": signal.SIGKILL, "NONE": None}
+# --signal: INT (Ctrl-C, pressed again while the command goes on), KILL, or NONE (a fault under the run)
+SIGNALS = ("INT", "KILL", "NONE")
 
 
 def url_matches(url: str, pattern: "re.Pattern[str]") -> bool:
@@ -84,7 +85,7 @@ def interrupt_until_ended(process: subprocess.Popen, grace: float, again: float)
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--signal", choices=sorted(SIGNALS), required=True)
+    parser.add_argument("--signal", choices=SIGNALS, required=True)
     parser.add_argument("--url", help="poll this URL ...")
     parser.add_argument("--regex", help="... until its body matches this (multi-line)")
     parser.add_argument("--until-cmd", help="or poll this shell command until it exits 0")
