@@ -42,8 +42,8 @@ BYTECODE := { python -m compileall -q -j 0 $(VENV)/lib module_utils filter_plugi
 # Files longest first (tests/unit/conftest.py; xdist's own reorder by number of tests left the few long ones to the
 # end, one worker running them alone): 449 -> 379 s back to back (2026-12-07). The field notes' bench, which times a
 # twin, failed among them and goes last again; with it there, a clean-clone make test's unit phase took 392 s.
-UNIT := $(BYTECODE) && \
-	python -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=15 tests/unit
+UNIT_PYTEST := python -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=15 tests/unit
+UNIT := $(BYTECODE) && $(UNIT_PYTEST)
 unit: venv fakenvml
 	@$(ACT) bin/lab wheelhouse
 	$(ACT) $(UNIT)
@@ -53,10 +53,11 @@ lint: venv
 
 # Every scenario, in streams side by side (bin/molecule-streams): the fleet then model_sync, beside the others one
 # after the other (2 cores, clean clone of b0c8852: fleet 2293 + model_sync 204 s | default 857 + fleet_preflight
-# 268 + multinode 907 + frontdoor_ha 425 + lint 63 s, the cores 88 % busy - mostly Ansible's own per-task work on
-# the controller and on the lab's hosts; docs/performance.md §3). Each scenario's output goes to
-# .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when the streams have ended, then
-# bin/last-failure repeats each failed scenario's last failed task, where a CI log's tail shows it.
+# 268 + multinode 907 + frontdoor_ha 425 s, then ansible-lint 63 s, which now runs beside the unit tests; the cores
+# 88 % busy - mostly Ansible's own per-task work on the controller and on the lab's hosts; docs/performance.md §3).
+# Each scenario's output goes to .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when
+# the streams have ended, then bin/last-failure repeats each failed scenario's last failed task, where a CI log's
+# tail shows it.
 MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode,frontdoor_ha
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
@@ -68,13 +69,21 @@ molecule: venv fakenvml
 monitoring-check:
 	cd monitoring/rules && promtool check rules $$(ls *.yml | grep -v '_test\.yml$$') && promtool test rules *_test.yml
 
-# The unit tests first, on both cores, then Molecule's two streams with ansible-lint (one process, ~2 CPU-minutes)
-# at the end of the shorter one. Tried and dropped (stop 32): the unit tests as a third stream beside the scenarios.
+# The unit tests first, on both cores, with ansible-lint beside them at the lowest priority (nice 19): one process,
+# about a CPU-minute, that takes the cycles the unit suite leaves (its four workers keep the cores ~80 % busy, and its
+# last minute is one file on one worker) instead of 58 s at the end of a Molecule stream (docs/performance.md §3).
+# Then Molecule's two streams. Tried and dropped (stop 32): the unit tests as a third stream beside the scenarios.
 # On 2 cores that made the whole slower, not faster (all streams 3265 s vs unit 550 s + streams ~2300 s), and
-# timing-sensitive unit tests failed under the contention. Any failing fails the target; the tail of the output
-# repeats each failure (.molecule-tail.txt).
-test: unit monitoring-check
-	@$(ACT) bin/molecule-streams --step 'lint=ansible-lint' $(MOLECULE_STREAMS),lint
+# timing-sensitive unit tests failed under the contention. Any failing fails the target: the unit tests or lint
+# before the streams start (lint's whole output is printed after the unit tests'); in the streams, the tail of the
+# output repeats each failure (.molecule-tail.txt).
+test: venv fakenvml monitoring-check
+	@$(ACT) bin/lab wheelhouse
+	@$(ACT) $(BYTECODE) && { nice -n 19 ansible-lint > .lint.log 2>&1 & lint=$$!; \
+	  $(UNIT_PYTEST); unit=$$?; wait $$lint; lint=$$?; \
+	  echo "--- ansible-lint, run beside the unit tests (exit $$lint):"; cat .lint.log; \
+	  [ $$unit -eq 0 ] && [ $$lint -eq 0 ]; }
+	@$(ACT) bin/molecule-streams $(MOLECULE_STREAMS)
 
 demo: venv fakenvml
 	$(ACT) bin/lab up

@@ -227,7 +227,11 @@ def test_the_role_builds_the_venv_from_the_lock_in_check_mode_then_for_real_then
 
     code, results, stats = install_play(tmp_path, install_vars)
     assert code == 0 and stats["changed"] == 0, results
-    assert results[build]["decision"] == "unchanged" and "Restart gpu exporter (not here)" not in results
+    # a kept venv: the ask says so, and neither the wheels nor the build run again
+    ask = "Ask whether nvitop-exporter's venv must be built (a kept venv needs no wheels)"
+    assert results[ask]["decision"] == "unchanged" and results[ask]["import_version"] == "1.7.2", results[ask]
+    assert results[build].get("skipped") is True and "Restart gpu exporter (not here)" not in results
+    assert results["Create the node's wheelhouse for nvitop-exporter"].get("skipped") is True
 
 
 def test_the_preflight_refuses_a_missing_wheelhouse_before_touching_the_node(tmp_path, install_vars):

@@ -105,9 +105,15 @@ def test_the_role_builds_the_release_venv_and_keeps_it(repo, tmp_path, release_w
     code, tasks, stats = run_role(repo, tmp_path, ANY_PYTHON, vllm_runtime_pip_source=source,
                                   vllm_runtime_python=sys.executable)
     assert (code, stats["changed"]) == (0, 0), tasks
-    assert tasks["Build the release venv"]["decision"] == "unchanged"
-    # The kept venv needs no wheels: the second run asks first and copies none (the first one copied them).
-    assert tasks[ASK_TASK]["changed"] is False and tasks[COPY_TASK].get("skipped") is True, tasks[COPY_TASK]
+    # The kept venv needs no wheels and no build: the second run asks, copies none (the first one copied them) and
+    # does not run pip_venv a second time; what it publishes comes from the ask.
+    assert tasks[ASK_TASK]["changed"] is False and tasks[ASK_TASK]["decision"] == "unchanged", tasks[ASK_TASK]
+    assert tasks[COPY_TASK].get("skipped") is True, tasks[COPY_TASK]
+    assert tasks["Build the release venv"].get("skipped") is True, tasks["Build the release venv"]
+    assert tasks["Create the node's wheelhouse for this lock"].get("skipped") is True
+    kept = tasks["Show the published venv"]["vllm_runtime_venv"]
+    assert (kept["path"], kept["python"], kept["vllm_version"], kept["changed"]) == (
+        venv["path"], venv["python"], "0.5.4+sim", False)
 
 
 def test_old_venvs_go_but_not_the_recorded_ones(repo, tmp_path, release_wheelhouse):
