@@ -51,14 +51,15 @@ unit: venv fakenvml
 lint: venv
 	$(ACT) ansible-lint
 
-# Every scenario, in streams side by side (bin/molecule-streams): the fleet then model_sync, beside the others one
-# after the other (2 cores, clean clone of b0c8852: fleet 2293 + model_sync 204 s | default 857 + fleet_preflight
-# 268 + multinode 907 + frontdoor_ha 425 s, then ansible-lint 63 s, which now runs beside the unit tests; the cores
-# 88 % busy - mostly Ansible's own per-task work on the controller and on the lab's hosts; docs/performance.md §3).
+# Every scenario, in streams side by side (bin/molecule-streams): the fleet then fleet_preflight, beside the others
+# one after the other. Clean clone of 0393c68 (2 cores): fleet 2138 + model_sync 193 s | default 834 +
+# fleet_preflight 169 + multinode 763 + frontdoor_ha 476 s, the streams 2331 and 2241 s; fleet_preflight and
+# model_sync change places so that they end closer together (2307 and 2266 s by those numbers). The cores are ~88 %
+# busy, mostly with Ansible's own per-task work on the controller and on the lab's hosts (docs/performance.md §3).
 # Each scenario's output goes to .molecule-<scenario>.log; all of it is printed (and joined into .molecule.log) when
 # the streams have ended, then bin/last-failure repeats each failed scenario's last failed task, where a CI log's
 # tail shows it.
-MOLECULE_STREAMS := fleet,model_sync default,fleet_preflight,multinode,frontdoor_ha
+MOLECULE_STREAMS := fleet,fleet_preflight default,model_sync,multinode,frontdoor_ha
 
 # The lab's wheelhouse is made once before the streams start: every scenario's create then finds it complete.
 molecule: venv fakenvml
