@@ -247,6 +247,17 @@ def test_the_rules_are_installed_as_they_are_at_scale_1_and_a_second_run_changes
     assert "Reload prometheus" not in results
 
 
+def test_a_rule_file_the_repository_no_longer_has_is_removed_with_a_reload(repo, tmp_path, promtool):
+    code, results, installed = install_rules(repo, tmp_path)
+    assert code == 0, results
+    (installed / "retired.yml").write_text("groups: []\n")
+    (installed / "notes.txt").write_text("not a rule file\n")
+    code, results, _ = install_rules(repo, tmp_path)
+    assert code == 0, results
+    assert {p.name for p in installed.iterdir()} == set(repository_rules(repo)) | {"notes.txt"}
+    assert "Reload prometheus" in results
+
+
 def test_the_lab_installs_time_scaled_rules_that_promtool_accepts_and_says_so(repo, tmp_path, promtool):
     scaled = {"monitoring_rule_time_scale": 0.0167, "monitoring_scrape_interval": "2s",
               "monitoring_evaluation_interval": "2s"}

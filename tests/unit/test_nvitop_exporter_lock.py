@@ -241,7 +241,7 @@ def test_the_preflight_refuses_a_missing_wheelhouse_before_touching_the_node(tmp
     assert code != 0
     refusal = results["_common : Refuse a missing wheelhouse before touching any node"]
     assert "bin/lab wheelhouse" in refusal["msg"] and "nvitop-exporter.txt" in refusal["msg"]
-    assert "Create the node's lock directory" not in results
+    assert "Copy nvitop-exporter's hash lock to the node's lock directory" not in results
 
 
 # --- the unit's command line against the locked exporter ------------------------------------------------------------
