@@ -17,8 +17,9 @@ description:
     checked (O(files[].validate)) and renamed into place, so a reader sees the old file or the new one, and a
     root-only file is never readable by others.
   - O(files[].content) is C(no_log), like the content of M(ansible.builtin.copy), and the module writes no
-    C(Invoked with) line to the node's log, which would show the contents. With C(--diff) the result holds a unified diff of each changed file, so a task that writes a secret
-    (an API key, a private key) sets C(diff) to false, and C(no_log) to true to hide the rest of its result.
+    C(Invoked with) line to the node's log, which would show the contents. With C(--diff) the result holds a
+    unified diff of each changed file, so a task that writes a secret (an API key, a private key) sets C(diff) to
+    false, and C(no_log) to true to hide the rest of its result.
   - Nothing changes, and RV(changed) is false, when every directory and file is already as given.
 version_added: "1.0.0"
 author: revive

@@ -113,7 +113,8 @@ def parse(directories: Sequence[Mapping[str, Any]], files: Sequence[Mapping[str,
                                  name=entry.get("name") or dest, dest=dest, content=content if present else None,
                                  validate=validate))
     for kind, values in (("directories' path", [d.path for d in parsed_dirs]),
-                         ("files' dest", [f.dest for f in parsed_files]), ("files' name", [f.name for f in parsed_files])):
+                         ("files' dest", [f.dest for f in parsed_files]),
+                         ("files' name", [f.name for f in parsed_files])):
         twice = sorted({value for value in values if values.count(value) > 1})
         if twice:
             raise ConfigFileError(f"{kind} {', '.join(twice)} given more than once: each path is kept by one entry.")
