@@ -19,7 +19,10 @@ def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Seque
     INVOCATION_ID. With `since_usec` (a switch's start, CLOCK_REALTIME in microseconds) it is the first run
     that began after it - the start that failed, not a later automatic restart, nor the old run being stopped;
     without, the last run (a failed warm-up of the running release). Without invocation ids, the last entries.
-    Secrets in `redact` are masked, in case a process printed one.
+    A message without an invocation id inside the chosen run's time belongs to it: journald takes the id from the
+    writer's cgroup, and a short-lived process - an ExecStartPre= check that prints why it refuses and exits - may
+    be gone before journald reads it (the unit's name still comes with the stream). Secrets in `redact` are masked,
+    in case a process printed one.
     """
     first_seen: Dict[str, int] = {}
     for entry in entries:
@@ -34,7 +37,16 @@ def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Seque
     else:
         chosen_id = max(first_seen, key=lambda i: first_seen[i]) if first_seen else None
     if chosen_id is not None:
-        chosen = [e for e in entries if chosen_id in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))]
+        start = first_seen[chosen_id]
+        end = min((stamp for stamp in first_seen.values() if stamp > start), default=None)
+
+        def in_run(entry: Dict[str, Any]) -> bool:
+            ids = (entry.get("_SYSTEMD_INVOCATION_ID"), entry.get("INVOCATION_ID"))
+            if chosen_id in ids or any(ids):
+                return chosen_id in ids
+            stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
+            return stamp >= start and (end is None or stamp < end)
+        chosen = [e for e in entries if in_run(e)]
     elif since_usec:
         chosen = [e for e in entries if int(e.get("__REALTIME_TIMESTAMP") or 0) >= since_usec]
     else:

@@ -368,6 +368,25 @@ def test_journal_excerpt_without_a_switch_is_the_last_run():
         "vllm-0.service: Control process exited, code=killed, status=15/TERM"]
 
 
+def test_journal_excerpt_keeps_a_short_lived_process_s_line_that_lost_its_invocation_id():
+    """An ExecStartPre= check that prints its reason and exits at once: journald may read its cgroup too late, and
+    the line comes with the unit's name but no _SYSTEMD_INVOCATION_ID (make test, 2026-12-07). It belongs to the run
+    whose time it falls in; a line without an id before or after that run does not."""
+    reason = "revive-nvidia-uvm: /dev/nvidia-uvm is missing: the nvidia-uvm kernel module is not loaded"
+    entries = [
+        {"MESSAGE": "earlier, no id", "__REALTIME_TIMESTAMP": "900"},
+        {"MESSAGE": "Starting vllm-1.service", "INVOCATION_ID": "a", "__REALTIME_TIMESTAMP": "1000"},
+        {"MESSAGE": reason, "_SYSTEMD_UNIT": "vllm-1.service", "__REALTIME_TIMESTAMP": "1010"},
+        {"MESSAGE": "vllm-1.service: Control process exited, code=exited, status=1/FAILURE", "INVOCATION_ID": "a",
+         "__REALTIME_TIMESTAMP": "1020"},
+        {"MESSAGE": "Starting vllm-1.service (again)", "INVOCATION_ID": "b", "__REALTIME_TIMESTAMP": "2000"},
+        {"MESSAGE": "during the next run, no id", "__REALTIME_TIMESTAMP": "2010"},
+    ]
+    assert journal_excerpt(entries, 10, since_usec=950) == [
+        "Starting vllm-1.service", reason, "vllm-1.service: Control process exited, code=exited, status=1/FAILURE"]
+    assert journal_excerpt(entries, 10) == ["Starting vllm-1.service (again)", "during the next run, no id"]
+
+
 def test_journal_excerpt_masks_secrets_and_works_without_invocation_ids():
     entries = [{"MESSAGE": "one"}, {"MESSAGE": "key is s3cr3t-key"}]
     assert journal_excerpt(entries, 5, redact=["s3cr3t-key", ""]) == ["one", "key is ********"]
