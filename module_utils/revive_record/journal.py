@@ -19,18 +19,22 @@ def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Seque
     INVOCATION_ID. With `since_usec` (a switch's start, CLOCK_REALTIME in microseconds) it is the first run
     that began after it - the start that failed, not a later automatic restart, nor the old run being stopped;
     without, the last run (a failed warm-up of the running release). Without invocation ids, the last entries.
-    A message without an invocation id inside the chosen run's time belongs to it: journald takes the id from the
-    writer's cgroup, and a short-lived process - an ExecStartPre= check that prints why it refuses and exits - may
-    be gone before journald reads it (the unit's name still comes with the stream). Secrets in `redact` are masked,
-    in case a process printed one.
+    Besides its own messages, a run holds every message in its time: from its first message to the next run's
+    start as systemd (PID 1) logged it. journald takes a process's invocation id from the unit's cgroup when it
+    handles the line, and a short-lived process - an ExecStartPre= check that prints why it refuses and exits - may
+    be handled late: after Restart= began the next run (the line then carries the next run's id), or after the
+    process is gone (no id). Secrets in `redact` are masked, in case a process printed one.
     """
     first_seen: Dict[str, int] = {}
+    started: Dict[str, int] = {}    # by systemd's own messages (INVOCATION_ID), written as the run begins
     for entry in entries:
+        stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
         for key in ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID"):
             invocation = entry.get(key)
             if invocation:
-                stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
                 first_seen[invocation] = min(first_seen.get(invocation, stamp), stamp)
+                if key == "INVOCATION_ID":
+                    started[invocation] = min(started.get(invocation, stamp), stamp)
     if since_usec:
         candidates = [i for i, stamp in first_seen.items() if stamp >= since_usec]
         chosen_id = min(candidates, key=lambda i: first_seen[i]) if candidates else None
@@ -38,12 +42,12 @@ def journal_excerpt(entries: Sequence[Dict[str, Any]], lines: int, redact: Seque
         chosen_id = max(first_seen, key=lambda i: first_seen[i]) if first_seen else None
     if chosen_id is not None:
         start = first_seen[chosen_id]
-        end = min((stamp for stamp in first_seen.values() if stamp > start), default=None)
+        end = min((started.get(i, stamp) for i, stamp in first_seen.items()
+                   if i != chosen_id and started.get(i, stamp) > start), default=None)
 
         def in_run(entry: Dict[str, Any]) -> bool:
-            ids = (entry.get("_SYSTEMD_INVOCATION_ID"), entry.get("INVOCATION_ID"))
-            if chosen_id in ids or any(ids):
-                return chosen_id in ids
+            if chosen_id in (entry.get("_SYSTEMD_INVOCATION_ID"), entry.get("INVOCATION_ID")):
+                return True
             stamp = int(entry.get("__REALTIME_TIMESTAMP") or 0)
             return stamp >= start and (end is None or stamp < end)
         chosen = [e for e in entries if in_run(e)]

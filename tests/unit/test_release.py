@@ -387,6 +387,26 @@ def test_journal_excerpt_keeps_a_short_lived_process_s_line_that_lost_its_invoca
     assert journal_excerpt(entries, 10) == ["Starting vllm-1.service (again)", "during the next run, no id"]
 
 
+def test_journal_excerpt_keeps_a_line_journald_tagged_with_the_restart_s_invocation():
+    """The same check's line handled after Restart= began the next run carries that run's id (cgroup xattr read
+    late; make test, 2026-12-07: the reason was missing from the failed start's excerpt). Runs are bounded by
+    systemd's own "Starting" lines, so it stays with the start it came from."""
+    reason = "revive-nvidia-uvm: /dev/nvidia-uvm is missing: the nvidia-uvm kernel module is not loaded"
+    entries = [
+        {"MESSAGE": "Starting vllm-1.service", "INVOCATION_ID": "a", "__REALTIME_TIMESTAMP": "1000"},
+        {"MESSAGE": "vllm-1.service: Control process exited, code=exited, status=1/FAILURE", "INVOCATION_ID": "a",
+         "__REALTIME_TIMESTAMP": "1005"},
+        {"MESSAGE": reason, "_SYSTEMD_INVOCATION_ID": "b", "__REALTIME_TIMESTAMP": "1010"},
+        {"MESSAGE": "vllm-1.service: Scheduled restart job, restart counter is at 1.", "INVOCATION_ID": "a",
+         "__REALTIME_TIMESTAMP": "1500"},
+        {"MESSAGE": "Starting vllm-1.service (restart)", "INVOCATION_ID": "b", "__REALTIME_TIMESTAMP": "2000"},
+        {"MESSAGE": reason + " (restart)", "_SYSTEMD_INVOCATION_ID": "b", "__REALTIME_TIMESTAMP": "2010"},
+    ]
+    assert journal_excerpt(entries, 10, since_usec=950) == [
+        "Starting vllm-1.service", "vllm-1.service: Control process exited, code=exited, status=1/FAILURE", reason,
+        "vllm-1.service: Scheduled restart job, restart counter is at 1."]
+
+
 def test_journal_excerpt_masks_secrets_and_works_without_invocation_ids():
     entries = [{"MESSAGE": "one"}, {"MESSAGE": "key is s3cr3t-key"}]
     assert journal_excerpt(entries, 5, redact=["s3cr3t-key", ""]) == ["one", "key is ********"]
