@@ -10,7 +10,9 @@ description:
   - Returns the last O(lines) journal messages of each unit in O(units) from one run (invocation), with the
     O(redact) strings masked - the excerpt a rollback's failure message quotes.
   - With O(since_usec) it is the first run that began after that time (the start that failed, not a later
-    automatic restart nor the old run being stopped), else the last run.
+    automatic restart nor the old run being stopped), else the last run. A run holds every message from its first
+    one to the next run's start as systemd logged it, whatever invocation id journald gave a line (a short-lived
+    process's line may carry the next run's, or none).
   - It changes nothing; a unit whose journal cannot be read gets one line saying why.
 version_added: "0.1.0"
 author:
