@@ -3,12 +3,17 @@ first, and `rolling.yml` per node.
 
 Each size gets a lab of its own (`bin/lab --state-dir`, so a `make demo` lab is untouched): N GPU nodes
 (v100-pcie-8x, the lab's default plan of two TP-4 replicas each) + model-store, bench1, lb1, monitor1. Ansible runs
-with forks = every host at once (N + 4, at least 5): what runs on every node runs in parallel, and what must be
-serial - the hand-over, one node at a time through the front door - is what grows with N. Printed per size:
+with forks = every host at once (N + 4, at least 5): what runs on every node runs in parallel, the hand-over too
+(each node warms up and goes READY in the front doors on its own). What grows with N is the controller's work per
+host and, in the lab only, the nodes' own work: the lab's hosts share this machine's CPUs. Printed per size:
 
 - site.yml, first run from the fresh lab (goal: 8 nodes in <= 2x the time of 1);
 - site.yml again: its time against the first (goal <= 25 %) and its changed tasks (must be 0);
 - rolling.yml with a changed plan (--max-num-seqs 64: a new release on every node), total and per node.
+- for each playbook run, where the CPU went (bench/cpu_use.py): the machine's busy share, the controller's CPU
+  seconds, the GPU nodes' (in all and per node) and the other lab hosts'. A run whose busy share is near 100 % was
+  bound by this machine's CPUs; a per-node figure that stays flat from 1 to N nodes is work real servers do on
+  their own CPUs.
 
 REVIVE_FLEET_SIZES="1,2" picks other sizes. Needs the lab's wheelhouse (`bin/lab wheelhouse`, once) and, at 8 nodes,
 about 12 GB of memory and 20 GB of disk for the labs' hosts. What is simulated: the GPUs (fake NVML) and vLLM (the
@@ -21,6 +26,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from cpu_use import sample, use
 from logged_run import run_logged, tail
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +49,8 @@ def one_fleet(nodes: int, tmp: Path) -> dict:
     playbook = ["ansible-playbook", "-i", "inventory/lab", "-i", str(state / "hosts.yml"), "--forks", str(forks)]
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
     quiet = dict(env, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    times = {"forks": forks}
+    times = {"forks": forks, "cpu": {}}
+    prefix = ""
     try:
         for name, argv, environment in [
             ("lab up", [*lab, "up", "--nodes", str(nodes)], env),
@@ -53,8 +60,13 @@ def one_fleet(nodes: int, tmp: Path) -> dict:
             ("rolling.yml", [*playbook, "playbooks/rolling.yml", "-e", json.dumps(ROLLED)], env),
         ]:
             log = tmp / f"{nodes}-{name.replace(' ', '-')}.log"
+            before = sample(prefix) if prefix else None
             rc, times[name] = run_logged(argv, log, environment)
             assert rc == 0, f"{nodes} node(s): {name} failed:\n{tail(log)}"
+            if before is not None:
+                times["cpu"][name] = use(before, sample(prefix), times[name])
+            else:  # the lab's machines are named <bridge>-<host> (lab/labctl/fleet.py lab_prefix)
+                prefix = json.loads((state / "state.json").read_text())["bridge"]
             if name == "site.yml again":
                 times["changed again"] = changed(log)
     finally:
@@ -73,6 +85,8 @@ def test_site_yml_scales_with_the_fleet(tmp_path):
               f"{r['site.yml again']:.0f} s ({100 * r['site.yml again'] / r['site.yml']:.0f} %, changed "
               f"{sum(r['changed again'].values())}); rolling.yml {r['rolling.yml']:.0f} s "
               f"({r['rolling.yml'] / nodes:.0f} s per node); lab up {r['lab up']:.0f} s", flush=True)
+        for name, cpu in r["cpu"].items():
+            print(f"  {name}: {cpu.summary(f'node{i}' for i in range(1, nodes + 1))}", flush=True)
     print(f"\nfleet scale on {os.cpu_count()} CPUs (simulated GPUs and vLLM; real systemd, sshd, rsync, HAProxy):")
     print(f"  {'nodes':>5} {'site.yml':>9} {'vs 1 node':>9} {'again':>7} {'again %':>8} {'changed':>8} "
           f"{'roll/node':>10}")
