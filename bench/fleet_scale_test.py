@@ -60,12 +60,12 @@ def one_fleet(nodes: int, tmp: Path) -> dict:
             ("rolling.yml", [*playbook, "playbooks/rolling.yml", "-e", json.dumps(ROLLED)], env),
         ]:
             log = tmp / f"{nodes}-{name.replace(' ', '-')}.log"
-            before = sample(prefix) if prefix else None
+            before = sample(prefix) if prefix and ".yml" in name else None
             rc, times[name] = run_logged(argv, log, environment)
             assert rc == 0, f"{nodes} node(s): {name} failed:\n{tail(log)}"
             if before is not None:
                 times["cpu"][name] = use(before, sample(prefix), times[name])
-            else:  # the lab's machines are named <bridge>-<host> (lab/labctl/fleet.py lab_prefix)
+            elif name == "lab up":  # the lab's machines are named <bridge>-<host> (lab/labctl/fleet.py lab_prefix)
                 prefix = json.loads((state / "state.json").read_text())["bridge"]
             if name == "site.yml again":
                 times["changed again"] = changed(log)
