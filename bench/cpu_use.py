@@ -1,5 +1,6 @@
 """Where a benchmarked command's CPU went (issue 17 §6): the whole machine's busy time (/proc/stat), the lab's hosts'
-(each `systemd-nspawn` machine's cgroup, cgroup v2 `cpu.stat`), and the controller's (the command and every
+(the cgroups the lab recorded for each host, lab/labctl/state.py HostRecord.cgroups: the cgroup v2 one's
+`cpu.stat`), and the controller's (the command and every
 process it waited for: ansible-playbook, its workers, ssh; `getrusage(RUSAGE_CHILDREN)`).
 
 The lab's hosts share this machine's CPUs with the controller, so a fleet of N nodes does N nodes' work on the
@@ -12,9 +13,8 @@ import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Mapping, Optional, Sequence
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/unified")  # hybrid hierarchy; a pure cgroup v2 host has it at /sys/fs/cgroup
 IDLE_FIELDS = (3, 4)  # idle, iowait of the `cpu` line (proc(5))
 
 
@@ -36,13 +36,6 @@ def cgroup_usage(cpu_stat: str) -> float:
     raise ValueError("cpu.stat has no usage_usec line")
 
 
-def cgroup_root() -> Optional[Path]:
-    for root in (CGROUP_ROOT, Path("/sys/fs/cgroup")):
-        if (root / "cpu.stat").is_file():
-            return root
-    return None
-
-
 @dataclass
 class Sample:
     busy: float
@@ -50,19 +43,20 @@ class Sample:
     hosts: Dict[str, float] = field(default_factory=dict)
 
 
-def sample(machine_prefix: str) -> Sample:
-    """Now: the machine's busy seconds, the controller's (children's) seconds, and each `<prefix>-<host>` machine's."""
+def sample(host_cgroups: Mapping[str, Sequence[str]]) -> Sample:
+    """Now: the machine's busy seconds, the controller's (children's) seconds, and each lab host's, from the first
+    of its cgroups that has a `cpu.stat` (only cgroup v2 keeps one; the name=systemd hierarchy does not)."""
     with open("/proc/stat") as handle:
         busy = busy_seconds(handle.readline(), os.sysconf("SC_CLK_TCK"))
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     hosts = {}
-    root = cgroup_root()
-    if root is not None:
-        for group in root.glob(f"{machine_prefix}-*"):
+    for host, cgroups in host_cgroups.items():
+        for cgroup in cgroups:
             try:
-                hosts[group.name[len(machine_prefix) + 1:]] = cgroup_usage((group / "cpu.stat").read_text())
+                hosts[host] = cgroup_usage((Path(cgroup) / "cpu.stat").read_text())
+                break
             except (OSError, ValueError):
-                continue  # a machine that stopped between the glob and the read
+                continue  # not the cgroup v2 one, or the host stopped
     return Sample(busy, children.ru_utime + children.ru_stime, hosts)
 
 

@@ -30,6 +30,8 @@ from cpu_use import sample, use
 from logged_run import run_logged, tail
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "lab"))
+from labctl import state as lab_state  # noqa: E402
 LAB = [sys.executable, str(REPO / "bin/lab")]
 SIZES = [int(n) for n in os.environ.get("REVIVE_FLEET_SIZES", "1,2,4,8").split(",")]
 ROLLED = {"revive_plan_overrides": {"tensor_parallel_size": 4, "max_num_seqs": 64}}
@@ -50,7 +52,7 @@ def one_fleet(nodes: int, tmp: Path) -> dict:
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
     quiet = dict(env, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
     times = {"forks": forks, "cpu": {}}
-    prefix = ""
+    cgroups = {}
     try:
         for name, argv, environment in [
             ("lab up", [*lab, "up", "--nodes", str(nodes)], env),
@@ -60,13 +62,13 @@ def one_fleet(nodes: int, tmp: Path) -> dict:
             ("rolling.yml", [*playbook, "playbooks/rolling.yml", "-e", json.dumps(ROLLED)], env),
         ]:
             log = tmp / f"{nodes}-{name.replace(' ', '-')}.log"
-            before = sample(prefix) if prefix and ".yml" in name else None
+            before = sample(cgroups) if cgroups and ".yml" in name else None
             rc, times[name] = run_logged(argv, log, environment)
             assert rc == 0, f"{nodes} node(s): {name} failed:\n{tail(log)}"
             if before is not None:
-                times["cpu"][name] = use(before, sample(prefix), times[name])
-            elif name == "lab up":  # the lab's machines are named <bridge>-<host> (lab/labctl/fleet.py lab_prefix)
-                prefix = json.loads((state / "state.json").read_text())["bridge"]
+                times["cpu"][name] = use(before, sample(cgroups), times[name])
+            elif name == "lab up":
+                cgroups = {host.name: host.cgroups for host in lab_state.load(state).hosts}
             if name == "site.yml again":
                 times["changed again"] = changed(log)
     finally:

@@ -30,15 +30,17 @@ def test_cgroup_usage_reads_usage_usec():
         cpu_use.cgroup_usage("user_usec 1\n")
 
 
-def test_sample_reads_the_labs_machines_only(tmp_path, monkeypatch):
-    (tmp_path / "cpu.stat").write_text("usage_usec 1\n")
-    for name, usec in [("rvlab3-node1", 4_000_000), ("rvlab3-model-store", 1_500_000),
-                       ("rvlab30-node1", 9_000_000), ("other", 7_000_000)]:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "cpu.stat").write_text(f"usage_usec {usec}\nuser_usec 0\n")
-    (tmp_path / "rvlab3-gone").mkdir()  # stopped between the glob and the read: no cpu.stat
-    monkeypatch.setattr(cpu_use, "CGROUP_ROOT", tmp_path)
-    now = cpu_use.sample("rvlab3")
+def test_sample_reads_each_hosts_recorded_cgroup_v2(tmp_path):
+    cgroups = {}
+    for host, usec in [("node1", 4_000_000), ("model-store", 1_500_000)]:
+        v1, v2 = tmp_path / "systemd" / host, tmp_path / "unified" / host  # as HostRecord.cgroups lists them
+        v1.mkdir(parents=True)
+        v2.mkdir(parents=True)
+        (v1 / "cgroup.procs").write_text("")  # the name=systemd hierarchy keeps no cpu.stat
+        (v2 / "cpu.stat").write_text(f"usage_usec {usec}\nuser_usec 0\n")
+        cgroups[host] = [str(v1), str(v2)]
+    cgroups["gone"] = [str(tmp_path / "systemd" / "gone"), str(tmp_path / "unified" / "gone")]  # stopped
+    now = cpu_use.sample(cgroups)
     assert now.hosts == {"node1": 4.0, "model-store": 1.5}
     assert now.busy > 0 and now.controller >= 0
 
