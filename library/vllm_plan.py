@@ -243,6 +243,13 @@ refusal:
   type: dict
   sample: {reason: "... awq checkpoints need CC 7.5; Tesla V100-PCIE-32GB is CC 7.0 ...",
             source: "docs/facts/vllm-volta.md §7.3; data quantization_min_cc"}
+driver:
+  description: >-
+    The planned release's C(driver) entry of the release data (C(min_branch), C(tested_branch), C(cuda_driver_min)),
+    for M(gpu_fitness)'s O(gpu_fitness.release_driver): the caller parses the release data once, for this module.
+  returned: when not refused
+  type: dict
+  sample: {min_branch: 525, tested_branch: 535}
 release:
   description: The planned release; also set as the host fact C(revive_release).
   returned: when not refused
@@ -389,7 +396,9 @@ def main() -> None:
         module.fail_json(msg=str(exc), refused=False)
     for warning in release["warnings"]:
         module.warn(warning)
-    module.exit_json(changed=False, refused=False, release=release, ansible_facts={"revive_release": release})
+    module.exit_json(changed=False, refused=False, release=release,
+                     driver=releases.releases[release["vllm_version"]].driver,
+                     ansible_facts={"revive_release": release})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import yaml
+
 from fixtures.gpus import facts_file, lab_facts
 from fixtures.models import write_model
 
@@ -67,6 +69,9 @@ def test_play_plans_the_20b_and_sets_the_host_fact(repo, tmp_path):
     assert release["args"][release["args"].index("--served-model-name") + 1] == "chat-20b"
     assert "--enforce-eager" in release["args"] and release["env"]["NCCL_P2P_DISABLE"] == "1"
     assert shown["msg"] == ["0,1,2,3", "4,5,6,7"]
+    # The planned release's driver window, for gpu_fitness: the data file's entry of that release, as written there.
+    with open(f"{repo}/data/vllm-releases.yml", encoding="utf-8") as data:
+        assert planned["driver"] == yaml.safe_load(data)["releases"]["0.8.5.post1"]["driver"]
 
 
 def test_refusal_without_failing_lets_the_play_quarantine(repo, tmp_path):
