@@ -21,6 +21,7 @@ examples:
   bin/lab set-profile node2 v100-pcie-8x-degraded
   bin/lab reboot node2                        halt node2 and boot it again (its disk kept), wait for SSH
   bin/lab link model-store down               cut a host's link (its peers' packets are dropped); `up` restores it
+  bin/lab partition lb1 lb2 down              cut the path between two hosts only (each still reaches the rest)
   bin/lab down                                remove every host, namespace, link, mount and process
   bin/lab wheelhouse                          .lab/wheelhouse: the wheels roles copy to nodes (PyPI once)
   bin/lab seed-model                          the lab model onto model-store:/srv/models/tiny-chat/rev1
@@ -66,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
     link = sub.add_parser("link", help="cut (down) or restore (up) a lab host's network link")
     link.add_argument("host")
     link.add_argument("state", choices=["up", "down"])
+
+    part = sub.add_parser("partition", help="cut (down) or restore (up) the path between two lab hosts only")
+    part.add_argument("host")
+    part.add_argument("other")
+    part.add_argument("state", choices=["up", "down"])
 
     rb = sub.add_parser("reboot", help="halt a lab host and boot it again (its disk kept), then wait for SSH")
     rb.add_argument("host")
@@ -122,6 +128,9 @@ def main(argv: list[str]) -> int:
             return 0
         if args.command == "link":
             fleet.set_link(paths, args.host, args.state == "up")
+            return 0
+        if args.command == "partition":
+            fleet.set_partition(paths, args.host, args.other, args.state == "up")
             return 0
         if args.command == "reboot":
             fleet.reboot(paths, args.host)

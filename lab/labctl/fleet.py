@@ -318,6 +318,20 @@ def set_link(paths: LabPaths, host: str, up: bool, log=print) -> None:
         log(f"lab: {host}: link {record.veth} {state_word}")
 
 
+def set_partition(paths: LabPaths, a: str, b: str, up: bool, log=print) -> None:
+    """Cut (down) or restore (up) the path between two hosts in the lab's bridge, both ways: each keeps its link
+    and reaches every other host; only the frames between these two are dropped, as when the switch path or VLAN
+    between two racks fails (two front doors that no longer hear each other's VRRP but still reach the clients)."""
+    system.check_host()
+    with locked(paths.state_dir / ".lock"):
+        lab = _running_lab(paths)
+        first, second = _known_host(lab, a), _known_host(lab, b)
+        if first.name == second.name:
+            raise LabError(f"a partition needs two hosts, not {a} twice")
+        changed = system.set_cut(lab.bridge, first.veth, second.veth, cut=not up)
+        log(f"lab: {a} <-> {b}: path {'up' if up else 'down'}{'' if changed else ' already'}")
+
+
 def _known_host(lab: LabState, host: str) -> HostRecord:
     record = lab.host(host)
     if record is None:
@@ -368,6 +382,7 @@ def teardown(paths: LabPaths, lab: LabState) -> None:
         if host_dir.exists() and not system.is_mounted(Path(h.root)):
             shutil.rmtree(host_dir)
     system.delete_link(lab.bridge)
+    system.delete_cut_table(lab.bridge)
     _close_ssh_masters(paths.control_dir)
     for path in (Path(lab.inventory), paths.ssh_config, paths.known_hosts):
         path.unlink(missing_ok=True)
@@ -397,6 +412,7 @@ def leftovers(paths: LabPaths, lab: LabState) -> list[str]:
     found += [f"mount {m}" for m in sorted(system.mount_points()) if m.startswith(state_dir + "/")]
     found += [f"process {pid} ({cmd})" for pid, cmd in nspawn_processes(state_dir)]
     found += [f"cgroup {c}" for h in lab.hosts for c in h.cgroups if Path(c).exists()]
+    found += [f"nftables table bridge {system.cut_table(lab.bridge)}"] if system.cut_table_exists(lab.bridge) else []
     return found
 
 

@@ -21,6 +21,7 @@ REQUIRED_TOOLS = {
     "ip": "iproute2",
     "ssh-keygen": "openssh-client",
     "ldconfig": "libc-bin",
+    "nft": "nftables",
 }
 
 
@@ -99,6 +100,61 @@ def delete_link(name: str) -> None:
         # A veth also goes away, asynchronously, with its peer's namespace; only a link still there is an error.
         if link_exists(name):
             raise
+
+
+# --- partitions between two hosts (nftables on the lab's bridge) ------------------------------------
+# One table of the bridge family per lab, made on the first cut: a set of (in port, out port) pairs of the bridge and
+# one rule that drops every frame forwarded between such a pair. Only the bridge forwards between the lab's veths, so
+# a pair in the set is a path cut in the "switch" while each host keeps its link to every other host.
+
+def cut_table(bridge: str) -> str:
+    return f"{bridge}_cuts"
+
+
+def cut_pairs(bridge: str) -> set[tuple[str, str]]:
+    """The (in port, out port) pairs the bridge drops now; none when the table is not there."""
+    proc = subprocess.run(["nft", "-j", "list", "set", "bridge", cut_table(bridge), "cut"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return set()
+    found = set()
+    for item in json.loads(proc.stdout)["nftables"]:
+        for element in item.get("set", {}).get("elem", []):
+            found.add(tuple(element["concat"]))
+    return found
+
+
+def set_cut(bridge: str, a_if: str, b_if: str, cut: bool) -> bool:
+    """Drop (cut) or forward again every frame between bridge ports a_if and b_if, both ways; whether it changed."""
+    pairs = {(a_if, b_if), (b_if, a_if)}
+    have = cut_pairs(bridge)
+    if (pairs <= have) if cut else not (pairs & have):
+        return False
+    table = cut_table(bridge)
+    elements = ", ".join(f'"{i}" . "{o}"' for i, o in sorted(pairs if cut else pairs & have))
+    script = "\n".join([
+        f"add table bridge {table}",
+        f"add set bridge {table} cut {{ type ifname . ifname; }}",
+        f"add chain bridge {table} forward {{ type filter hook forward priority 0; policy accept; }}",
+        f"flush chain bridge {table} forward",
+        f"add rule bridge {table} forward iifname . oifname @cut drop",
+        f"{'add' if cut else 'delete'} element bridge {table} cut {{ {elements} }}",
+    ]) + "\n"
+    proc = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"{'cutting' if cut else 'restoring'} the path between {a_if} and {b_if} on {bridge} failed: "
+                       f"`nft -f -`: {(proc.stderr or proc.stdout).strip()}")
+    return True
+
+
+def cut_table_exists(bridge: str) -> bool:
+    return subprocess.run(["nft", "list", "table", "bridge", cut_table(bridge)], stdin=subprocess.DEVNULL,
+                          capture_output=True).returncode == 0
+
+
+def delete_cut_table(bridge: str) -> None:
+    if cut_table_exists(bridge):
+        run(["nft", "delete", "table", "bridge", cut_table(bridge)], f"deleting nftables table {cut_table(bridge)}")
 
 
 # --- mounts -----------------------------------------------------------------------------------------
