@@ -397,7 +397,7 @@ def main() -> None:
     for warning in release["warnings"]:
         module.warn(warning)
     module.exit_json(changed=False, refused=False, release=release,
-                     driver=releases.releases[release["vllm_version"]].driver,
+                     driver=releases.release(release["vllm_version"]).driver,
                      ansible_facts={"revive_release": release})
 
 

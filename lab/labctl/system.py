@@ -25,9 +25,11 @@ REQUIRED_TOOLS = {
 }
 
 
-def run(argv: list[str], what: str) -> str:
-    """Run a command; on failure raise a LabError that says what we were doing and what the tool said."""
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+def run(argv: list[str], what: str, stdin: str | None = None) -> str:
+    """Run a command (given `stdin`, else none); on failure raise a LabError that says what we were doing and what
+    the tool said."""
+    proc = subprocess.run(argv, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         said = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
         raise LabError(f"{what} failed: `{' '.join(argv)}`: {said}")
@@ -140,10 +142,8 @@ def set_cut(bridge: str, a_if: str, b_if: str, cut: bool) -> bool:
         f"add rule bridge {table} forward iifname . oifname @cut drop",
         f"{'add' if cut else 'delete'} element bridge {table} cut {{ {elements} }}",
     ]) + "\n"
-    proc = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise LabError(f"{'cutting' if cut else 'restoring'} the path between {a_if} and {b_if} on {bridge} failed: "
-                       f"`nft -f -`: {(proc.stderr or proc.stdout).strip()}")
+    run(["nft", "-f", "-"], f"{'cutting' if cut else 'restoring'} the path between {a_if} and {b_if} on {bridge}",
+        stdin=script)
     return True
 
 
