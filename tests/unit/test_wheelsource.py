@@ -180,8 +180,8 @@ def make_handler(index: FakeIndex):
             self.end_headers()
             if filename in index.cut:
                 body = body[:index.cut.pop(filename)]  # the first GET only: then the connection drops
+            record["sent"] = len(body)  # before the write: the client may have read it all before the next line ran
             self.wfile.write(body)
-            record["sent"] = len(body)
 
     return Handler
 
