@@ -1,10 +1,10 @@
 """Filters of the hand-over, the roll, the rollback, the front door, the bench, the probe's wheels, the lab's
-time-scaled rules, a serving group's Ray cluster, a node's firewall and serving address: thin wiring over
-module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py,
+time-scaled rules, a serving group's Ray cluster, a node's firewall, exporter ports and serving address: thin wiring
+over module_utils/revive_handover.py, revive_lockfile.py, revive_record/journal.py, revive_frontdoor.py,
 revive_bench/invocation.py, revive_slo_gate.py, revive_rule_scale.py, revive_cluster.py, revive_serving_group.py,
-revive_ray_unit.py, revive_firewall.py, revive_serve_address.py and revive_vrrp.py, where the decisions live and are unit-tested
-(tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py, test_rule_scale.py,
-test_ray_unit.py, test_firewall.py, test_serve_address.py, test_vrrp.py).
+revive_ray_unit.py, revive_firewall.py, revive_monitoring.py, revive_serve_address.py and revive_vrrp.py, where the
+decisions live and are unit-tested (tests/unit/test_handover.py, test_frontdoor_servers.py, test_bench_invocation.py,
+test_rule_scale.py, test_ray_unit.py, test_firewall.py, test_serve_address.py, test_vrrp.py).
 
 Ansible loads this file from ansible.cfg's filter_plugins; a controller-side plugin does not see the project's
 module_utils as `ansible.module_utils.*` (only modules do, through AnsiballZ), so the configured module_utils
@@ -88,14 +88,27 @@ def serve_address(facts, ansible_host="", explicit="", node=""):
         return {"address": "", "error": str(exc)}
 
 
-def node_firewall_guard(release, frontdoors, monitors, allow, ray_ports, ssh_port=22):
+def node_firewall_guard(release, frontdoors, monitors, allow, ray_ports, ssh_port=22, exporter_ports=()):
     """A GPU node's nftables guard: ruleset text and report (module_utils/revive_firewall.py)."""
     from ansible.errors import AnsibleFilterError
     from ansible.module_utils.revive_firewall import FirewallError, guard
     try:
-        return guard(release or {}, frontdoors or [], monitors or [], allow or [], ray_ports or {}, ssh_port)
+        return guard(release or {}, frontdoors or [], monitors or [], allow or [], ray_ports or {}, ssh_port,
+                     exporter_ports or [])
     except FirewallError as exc:
         raise AnsibleFilterError(f"node_firewall: {exc}") from None
+
+
+def monitoring_exporter_ports(role_defaults, own_ports, gpu_exporter=None, gpu_exporter_port=None,
+                              node_exporter_port=None):
+    """The GPU node's exporter ports as the monitoring role runs them (module_utils/revive_monitoring.py)."""
+    from ansible.errors import AnsibleFilterError
+    from ansible.module_utils.revive_monitoring import MonitoringError, exporter_ports
+    try:
+        return exporter_ports(role_defaults or {}, own_ports or {}, gpu_exporter, gpu_exporter_port,
+                              node_exporter_port)
+    except MonitoringError as exc:
+        raise AnsibleFilterError(f"monitoring: {exc}") from None
 
 
 def time_scaled_rules(texts, scale, scrape_interval, evaluation_interval):
@@ -114,5 +127,5 @@ class FilterModule:
 
     def filters(self):
         own = {"node_firewall_guard": node_firewall_guard, "ray_unit": ray_unit, "serve_address": serve_address,
-               "time_scaled_rules": time_scaled_rules}
+               "time_scaled_rules": time_scaled_rules, "monitoring_exporter_ports": monitoring_exporter_ports}
         return {**{name: _lazy(*where) for name, where in _DECISIONS.items()}, **own}

@@ -12,6 +12,8 @@ it in one transaction, at boot and on every change (nft(8), "ruleset" and the tr
   then only the extra sources restrict them, and with none the ports stay open, said so in the report.
 - Ray ports of a serving group's member (GCS on the head, the fixed ports of every node, the worker port range):
   the group's members only, at their cluster addresses.
+- Exporter ports (node exporter, the GPU exporter; given when the fleet has monitoring hosts): the monitoring hosts
+  and the operator's extra sources. The front door has no business there.
 """
 from __future__ import annotations
 
@@ -76,20 +78,30 @@ def ray_ports(release: Mapping[str, Any], fixed: Mapping[str, Any]) -> List[str]
 
 
 def guard(release: Mapping[str, Any], frontdoors: Sequence[Any], monitors: Sequence[Any], extra: Sequence[Any],
-          fixed_ray_ports: Mapping[str, Any], ssh_port: Any = 22) -> Dict[str, Any]:
-    """The node's rules: {"ruleset": nft text, "report": [lines], "vllm_ports", "ray_ports", "open": bool}."""
+          fixed_ray_ports: Mapping[str, Any], ssh_port: Any = 22, exporter_ports: Sequence[Any] = ()) -> Dict[str, Any]:
+    """The node's rules: {"ruleset": nft text, "report": [lines], "vllm_ports", "ray_ports", "exporter_ports",
+    "open": bool}."""
     vllm_ports = sorted({_port(r.get("port"), f"replica {r.get('name', '?')}'s port")
                          for r in release.get("replicas") or []})
     cluster_ports = ray_ports(release, fixed_ray_ports)
+    metrics_ports = sorted({_port(p, "an exporter's port") for p in exporter_ports})
     ssh = _port(ssh_port, "ansible_port")
-    if ssh in vllm_ports or any(_in_element(ssh, e) for e in cluster_ports):
+    if ssh in vllm_ports + metrics_ports or any(_in_element(ssh, e) for e in cluster_ports):
         raise FirewallError(f"the SSH port {ssh} is among the ports to guard (vLLM {vllm_ports}, Ray "
-                            f"{cluster_ports}): guarding it could lock Ansible out. Fix: move the replica or Ray port")
+                            f"{cluster_ports}, exporters {metrics_ports}): guarding it could lock Ansible out. Fix: "
+                            "move the replica, Ray or exporter port")
+    for port in metrics_ports:
+        if port in vllm_ports or any(_in_element(port, e) for e in cluster_ports):
+            raise FirewallError(f"the exporter port {port} is also a vLLM or Ray port of this node (vLLM "
+                                f"{vllm_ports}, Ray {cluster_ports}): one of them could not listen. Fix: "
+                                "monitoring_node_exporter_port or monitoring_gpu_exporter_port, or the replica's port")
     service_v4, service_v6 = _sources(list(frontdoors) + list(monitors) + list(extra),
                                       "the front door, monitoring hosts and revive_firewall_allow")
+    metrics_v4, metrics_v6 = _sources(list(monitors) + list(extra), "the monitoring hosts and revive_firewall_allow")
     members = [m.get("address") for m in ((release.get("group") or {}).get("members") or [])]
     cluster_v4, cluster_v6 = _sources(members, "the serving group's member addresses")
     open_ports = bool(vllm_ports) and not (service_v4 or service_v6)
+    open_metrics = bool(metrics_ports) and not (metrics_v4 or metrics_v6)
     report = []
     if vllm_ports:
         report.append(f"vLLM ports {', '.join(map(str, vllm_ports))}: "
@@ -98,26 +110,34 @@ def guard(release: Mapping[str, Any], frontdoors: Sequence[Any], monitors: Seque
     if cluster_ports:
         report.append(f"Ray ports {', '.join(cluster_ports)}: only from the group's members "
                       f"{', '.join(cluster_v4 + cluster_v6)} and the node itself")
+    if metrics_ports:
+        report.append(f"exporter ports {', '.join(map(str, metrics_ports))}: "
+                      + ("OPEN to every source - no monitoring host or revive_firewall_allow entry" if open_metrics
+                         else f"only from {', '.join(metrics_v4 + metrics_v6)} and the node itself"))
     if not report:
-        report.append("no vLLM or Ray port on this node: nothing to guard")
+        report.append("no vLLM, Ray or exporter port on this node: nothing to guard")
     lines = [
-        "# revive (role node_firewall): who may reach this node's vLLM and Ray ports. Everything else passes",
-        "# unjudged (policy accept): the distribution's or the operator's own rules are not touched. docs/network.md",
+        "# revive (role node_firewall): who may reach this node's vLLM, Ray and exporter ports. Everything else",
+        "# passes unjudged (policy accept): the distribution's or the operator's own rules stay. docs/network.md",
         f"table inet {TABLE}",
         f"delete table inet {TABLE}",
         f"table inet {TABLE} {{",
     ]
     lines += _set("service_v4", "ipv4_addr", service_v4) + _set("service_v6", "ipv6_addr", service_v6)
     lines += _set("cluster_v4", "ipv4_addr", cluster_v4) + _set("cluster_v6", "ipv6_addr", cluster_v6)
+    if metrics_ports and not open_metrics:
+        lines += _set("metrics_v4", "ipv4_addr", metrics_v4) + _set("metrics_v6", "ipv6_addr", metrics_v6)
     lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy accept;",
               '\t\tiif "lo" accept']
     if vllm_ports and not open_ports:
         lines += _guarded("vllm", ", ".join(map(str, vllm_ports)), "service", service_v4, service_v6)
     if cluster_ports:
         lines += _guarded("ray", ", ".join(cluster_ports), "cluster", cluster_v4, cluster_v6)
+    if metrics_ports and not open_metrics:
+        lines += _guarded("exporters", ", ".join(map(str, metrics_ports)), "metrics", metrics_v4, metrics_v6)
     lines += ["\t}", "}"]
     return {"ruleset": "\n".join(lines) + "\n", "report": report, "vllm_ports": vllm_ports,
-            "ray_ports": cluster_ports, "open": open_ports}
+            "ray_ports": cluster_ports, "exporter_ports": metrics_ports, "open": open_ports}
 
 
 def _in_element(port: int, element: str) -> bool:

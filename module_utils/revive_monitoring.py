@@ -99,6 +99,27 @@ def _port(value: Any, what: str) -> int:
     return port
 
 
+def exporter_ports(role_defaults: Mapping[str, Any], own_ports: Mapping[str, Any], gpu_exporter: Any = None,
+                   gpu_exporter_port: Any = None, node_exporter_port: Any = None) -> List[int]:
+    """The ports the monitoring role's exporters entry point has a GPU node listen on, [node exporter, GPU exporter]
+    sorted, for the node's guard (module_utils/revive_firewall.py), which is written before the exporters exist.
+
+    Each setting is the inventory's value, else the role's default (`role_defaults`: roles/monitoring/defaults);
+    a GPU exporter port of 0 is the exporter's own (`own_ports`: the role's vars, {kind: port})."""
+    def setting(value: Any, name: str) -> Any:
+        return role_defaults.get(name) if value is None else value
+
+    kind = setting(gpu_exporter, "monitoring_gpu_exporter")
+    if kind not in own_ports:
+        raise MonitoringError(f"monitoring_gpu_exporter {kind!r} is not one of {', '.join(sorted(own_ports))} "
+                              "(dcgm: DCGM 4.x + dcgm-exporter, production; nvitop: nvitop-exporter, the lab)")
+    gpu = setting(gpu_exporter_port, "monitoring_gpu_exporter_port")
+    gpu_port = _port(own_ports[kind], f"{kind}'s own port") if str(gpu) == "0" else \
+        _port(gpu, "monitoring_gpu_exporter_port")
+    node_port = _port(setting(node_exporter_port, "monitoring_node_exporter_port"), "monitoring_node_exporter_port")
+    return sorted({node_port, gpu_port})
+
+
 def check_settings(settings: Settings) -> None:
     if settings.gpu_exporter not in GPU_EXPORTERS:
         raise MonitoringError(f"gpu_exporter {settings.gpu_exporter!r} is not one of {', '.join(GPU_EXPORTERS)} "

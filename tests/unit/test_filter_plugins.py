@@ -122,5 +122,5 @@ def test_loading_the_plugin_imports_no_decision_and_every_filter_names_one_that_
     assert seen["missing"] == []
     assert seen["all_callable"]
     assert {"handover_state", "replica_url", "serve_address", "slo_gate_concurrency", "time_scaled_rules",
-            "node_firewall_guard", "ray_unit"} <= set(seen["filters"])
-    assert len(seen["filters"]) == 34
+            "node_firewall_guard", "ray_unit", "monitoring_exporter_ports"} <= set(seen["filters"])
+    assert len(seen["filters"]) == 35

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ansible.module_utils.revive_firewall import FirewallError, guard, ray_ports
+from ansible.module_utils.revive_monitoring import MonitoringError, exporter_ports
 
 NFT = shutil.which("nft") or "/usr/sbin/nft"
 if not os.path.exists(NFT):
@@ -59,6 +60,33 @@ def test_a_group_head_guards_ray_for_the_members_and_a_worker_has_only_ray():
     assert ray_ports(release(role="spare"), RAY) == []
 
 
+def test_exporter_ports_only_from_the_monitoring_hosts_and_extra_sources_not_the_front_door():
+    made = guard(release(), ["10.0.0.4"], ["10.0.0.5"], ["192.168.7.0/24"], RAY, exporter_ports=[9835, 9100, 9100])
+    text = made["ruleset"]
+    assert made["exporter_ports"] == [9100, 9835]
+    assert "set metrics_v4 { type ipv4_addr; flags interval; elements = { 10.0.0.5, 192.168.7.0/24 } }" in text
+    assert "tcp dport { 9100, 9835 } ip saddr @metrics_v4 accept" in text and "@metrics_v6" not in text
+    assert 'tcp dport { 9100, 9835 } counter reject with tcp reset comment "exporters: not an allowed source"' in text
+    assert made["report"][-1] == "exporter ports 9100, 9835: only from 10.0.0.5, 192.168.7.0/24 and the node itself"
+    assert "metrics" not in guard(release(), ["10.0.0.4"], ["10.0.0.5"], [], RAY)["ruleset"]
+    alone = guard(release(ports=()), ["10.0.0.4"], [], [], RAY, exporter_ports=[9100])
+    assert "reject" not in alone["ruleset"] and alone["report"] == [
+        "exporter ports 9100: OPEN to every source - no monitoring host or revive_firewall_allow entry"]
+
+
+def test_the_exporter_ports_are_the_monitoring_roles(repo):
+    defaults = yaml.safe_load((repo / "roles/monitoring/defaults/main.yml").read_text())
+    own = yaml.safe_load((repo / "roles/monitoring/vars/main.yml").read_text())["__monitoring_gpu_exporter_ports"]
+    assert exporter_ports(defaults, own) == [defaults["monitoring_node_exporter_port"], own[defaults[
+        "monitoring_gpu_exporter"]]] == [9100, 9400]
+    assert exporter_ports(defaults, own, "nvitop") == [9100, 9835]
+    assert exporter_ports(defaults, own, "nvitop", "9500", 9101) == [9101, 9500]
+    with pytest.raises(MonitoringError, match="monitoring_gpu_exporter 'dgcm' is not one of dcgm, nvitop"):
+        exporter_ports(defaults, own, "dgcm")
+    with pytest.raises(MonitoringError, match="monitoring_node_exporter_port: 'x' is not a TCP port"):
+        exporter_ports(defaults, own, node_exporter_port="x")
+
+
 def test_the_ray_defaults_are_the_ray_cluster_roles(repo):
     defaults = yaml.safe_load((repo / "roles/ray_cluster/defaults/main.yml").read_text())["ray_cluster_ports"]
     elements = ray_ports(release(role="head"), defaults)
@@ -72,11 +100,16 @@ def test_the_ray_defaults_are_the_ray_cluster_roles(repo):
     ({"frontdoors": [""]}, "'' is not an IP address or network"),
     ({"ports": (0,)}, "is not a port number (1-65535)"),
     ({"ray": {"min_worker": 11000, "max_worker": 10000}, "role": "head"}, "min_worker 11000 is above max_worker"),
+    ({"exporters": [22]}, "the SSH port 22 is among the ports to guard"),
+    ({"exporters": [8000]}, "the exporter port 8000 is also a vLLM or Ray port of this node"),
+    ({"exporters": [10050], "role": "head"}, "the exporter port 10050 is also a vLLM or Ray port of this node"),
+    ({"exporters": [70000]}, "an exporter's port: 70000 is not a port number"),
 ])
 def test_what_would_lock_out_ssh_or_not_parse_is_refused(kwargs, needle):
     made = release(ports=kwargs.get("ports", (8000,)), role=kwargs.get("role"), members=["10.0.0.11"])
     with pytest.raises(FirewallError) as refused:
-        guard(made, kwargs.get("frontdoors", ["10.0.0.4"]), [], [], kwargs.get("ray", RAY), kwargs.get("ssh_port", 22))
+        guard(made, kwargs.get("frontdoors", ["10.0.0.4"]), [], [], kwargs.get("ray", RAY), kwargs.get("ssh_port", 22),
+              kwargs.get("exporters", ()))
     assert needle in str(refused.value)
 
 
@@ -111,7 +144,7 @@ def node():
                 s.bind(("0.0.0.0", port)); s.listen(16)
                 while True:
                     c, _ = s.accept(); c.sendall(b"hi"); c.close()
-            for port in (8000, 6379, 2222):
+            for port in (8000, 6379, 9100, 2222):
                 threading.Thread(target=serve, args=(port,), daemon=True).start()
             threading.Event().wait()
             """)])
@@ -135,8 +168,8 @@ def probe(netns: str, address: str, port: int) -> str:
 
 def test_the_loaded_rules_refuse_other_sources_and_leave_everything_else_alone(node, tmp_path):
     names, _ = node
-    made = guard(release(ports=(8000,), role="head", members=["10.251.1.1", "10.251.1.2"]), ["10.251.1.2"], [], [],
-                 RAY, ssh_port=2222)
+    made = guard(release(ports=(8000,), role="head", members=["10.251.1.1", "10.251.1.2"]), [], ["10.251.1.2"], [],
+                 RAY, ssh_port=2222, exporter_ports=[9100])
     rules = tmp_path / "firewall.nft"
     rules.write_text(made["ruleset"])
     deadline = time.monotonic() + 10
@@ -150,10 +183,13 @@ def test_the_loaded_rules_refuse_other_sources_and_leave_everything_else_alone(n
     listed = subprocess.run(["ip", "netns", "exec", names["srv"], NFT, "list", "ruleset"], check=True,
                             capture_output=True, text=True).stdout
     assert listed.count("table inet revive_guard") == 1
-    assert probe(names["ok"], "10.251.1.1", 8000) == "hi"        # the front door
+    assert probe(names["ok"], "10.251.1.1", 8000) == "hi"        # the monitoring host
     assert probe(names["no"], "10.251.2.1", 8000) == "refused"   # anyone else: a reset, at once
     assert probe(names["ok"], "10.251.1.1", 6379) == "hi"        # a group member's Ray
     assert probe(names["no"], "10.251.2.1", 6379) == "refused"
+    assert probe(names["ok"], "10.251.1.1", 9100) == "hi"        # the monitoring host scrapes node exporter
+    assert probe(names["no"], "10.251.2.1", 9100) == "refused"
+    assert probe(names["srv"], "10.251.2.1", 9100) == "hi"
     assert probe(names["no"], "10.251.2.1", 2222) == "hi"        # the SSH port and all else: untouched
     assert probe(names["srv"], "10.251.2.1", 8000) == "hi"       # the node itself, at its own address
     subprocess.run(["ip", "netns", "exec", names["srv"], NFT, "delete", "table", "inet", "revive_guard"], check=True)
