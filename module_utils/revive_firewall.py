@@ -123,8 +123,10 @@ def guard(release: Mapping[str, Any], frontdoors: Sequence[Any], monitors: Seque
         f"delete table inet {TABLE}",
         f"table inet {TABLE} {{",
     ]
-    lines += _set("service_v4", "ipv4_addr", service_v4) + _set("service_v6", "ipv6_addr", service_v6)
-    lines += _set("cluster_v4", "ipv4_addr", cluster_v4) + _set("cluster_v6", "ipv6_addr", cluster_v6)
+    if vllm_ports and not open_ports:   # each set only where a rule names it
+        lines += _set("service_v4", "ipv4_addr", service_v4) + _set("service_v6", "ipv6_addr", service_v6)
+    if cluster_ports:
+        lines += _set("cluster_v4", "ipv4_addr", cluster_v4) + _set("cluster_v6", "ipv6_addr", cluster_v6)
     if metrics_ports and not open_metrics:
         lines += _set("metrics_v4", "ipv4_addr", metrics_v4) + _set("metrics_v6", "ipv6_addr", metrics_v6)
     lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy accept;",

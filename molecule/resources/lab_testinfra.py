@@ -7,9 +7,11 @@
 - `nvml_view(host)`: what unmodified pynvml (the controller's pinned nvidia-ml-py) reports on a lab host.
 - `haproxy_runtime(host, command)` / `haproxy_servers(host)`: HAProxy's runtime API on the lb host (the rootfs has
   no socat: the host's python3 talks to the socket).
+- `knock(host, address, ports)`: what a TCP connect from that host to each port finds (open, refused, or the error).
 """
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -118,3 +120,18 @@ def serve_url(name: str, port: int) -> str:
     """A replica's base URL on lab host `name`: replicas listen on the node's serving address, which in the lab is
     its own address (module_utils/revive_serve_address.py), not on loopback."""
     return f"http://{lab_host(name)['address']}:{port}"
+
+
+KNOCK = ("import json, socket, sys\nout = {}\nfor port in sys.argv[2:]:\n"
+         "    try:\n        socket.create_connection((sys.argv[1], int(port)), timeout=5).close(); out[port] = 'open'\n"
+         "    except ConnectionRefusedError:\n        out[port] = 'refused'\n"
+         "    except OSError as error:\n        out[port] = str(error)\nprint(json.dumps(out))\n")
+
+
+def knock(host, address: str, ports) -> dict:
+    """{port as str: 'open' | 'refused' | the error} for a TCP connect from lab host `host` to `address` (a guard's
+    reject answers at once with a reset: 'refused'; a drop would time out)."""
+    script = base64.b64encode(KNOCK.encode()).decode()
+    argv = " ".join(str(port) for port in ports)
+    return json.loads(host.check_output(f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))' "
+                                        f"{address} {argv}"))

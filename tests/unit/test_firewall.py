@@ -72,6 +72,9 @@ def test_exporter_ports_only_from_the_monitoring_hosts_and_extra_sources_not_the
     alone = guard(release(ports=()), ["10.0.0.4"], [], [], RAY, exporter_ports=[9100])
     assert "reject" not in alone["ruleset"] and alone["report"] == [
         "exporter ports 9100: OPEN to every source - no monitoring host or revive_firewall_allow entry"]
+    frontdoor = guard({}, [], ["10.0.0.5"], [], RAY, exporter_ports=[8405])   # a front door host: its exporter only
+    assert "set service_v4" not in frontdoor["ruleset"] and "set metrics_v4" in frontdoor["ruleset"]
+    assert frontdoor["report"] == ["exporter ports 8405: only from 10.0.0.5 and the node itself"]
 
 
 def test_the_exporter_ports_are_the_monitoring_roles(repo):

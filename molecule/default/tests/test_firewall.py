@@ -3,22 +3,13 @@ reaches the replicas' ports (Prometheus scrapes /metrics there) and the exporter
 nvitop-exporter 9835), the model store - neither a front door nor a monitoring host - is refused at once."""
 from __future__ import annotations
 
-import base64
-import json
-
-from lab_testinfra import lab_host, lab_hosts
+from lab_testinfra import knock, lab_host, lab_hosts
 
 testinfra_hosts = lab_hosts("model_store") + lab_hosts("monitor")
-KNOCK = ("import json, socket, sys\nout = {}\nfor port in (8000, 8001, 9100, 9835):\n"
-         "    try:\n        socket.create_connection((sys.argv[1], port), timeout=5).close(); out[port] = 'open'\n"
-         "    except ConnectionRefusedError:\n        out[port] = 'refused'\n"
-         "    except OSError as error:\n        out[port] = str(error)\nprint(json.dumps(out))\n")
 
 
 def test_only_the_monitoring_host_reaches_the_replicas_and_the_exporters(host):
-    node = lab_host("node1")["address"]
-    script = base64.b64encode(KNOCK.encode()).decode()
-    seen = json.loads(host.check_output(f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))' {node}"))
+    seen = knock(host, lab_host("node1")["address"], (8000, 8001, 9100, 9835))
     expected = "open" if host.backend.get_hostname() in lab_hosts("monitor") else "refused"
     assert seen == {"8000": expected, "8001": expected, "9100": expected, "9835": expected}, \
         (host.backend.get_hostname(), seen)
