@@ -89,7 +89,7 @@ def serve_address(facts, ansible_host="", explicit="", node=""):
 
 
 def node_firewall_guard(release, frontdoors, monitors, allow, ray_ports, ssh_port=22, exporter_ports=()):
-    """A GPU node's nftables guard: ruleset text and report (module_utils/revive_firewall.py)."""
+    """A GPU node's or front door host's nftables guard: ruleset text and report (module_utils/revive_firewall.py)."""
     from ansible.errors import AnsibleFilterError
     from ansible.module_utils.revive_firewall import FirewallError, guard
     try:

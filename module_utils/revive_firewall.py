@@ -1,4 +1,5 @@
-"""A GPU node's guard (docs/network.md): who may reach its vLLM ports and its Ray ports, as one nftables table.
+"""A host's guard (docs/network.md): who may reach a GPU node's vLLM, Ray and exporter ports, or a front door host's
+HAProxy metrics port (given as its one exporter port, with no release), as one nftables table.
 
 The table `inet revive_guard` is the only thing it touches: its input chain accepts a guarded port's connections
 from the allowed sources and from the node itself, and answers everyone else with a TCP reset (a client sees
